@@ -1,0 +1,4 @@
+"""Backends: one array module each (NumPy on CPU, CuPy on GPU, the latter imported lazily)."""
+from .base import Backend, available_backends, get_backend
+
+__all__ = ["Backend", "get_backend", "available_backends"]

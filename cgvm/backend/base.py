@@ -1,0 +1,73 @@
+"""The Backend protocol: an array module plus the few things the VM needs beyond it."""
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any, Dict, Optional
+
+
+class Backend(ABC):
+    """An array module (``xp``) and its device. Kernels are written once against ``xp``."""
+
+    name: str = "abstract"
+    xp: Any = None
+    #: op name -> factory(xp, **attrs) -> kernel; only where a backend truly needs its own kernel
+    overrides: Dict[str, Any] = {}
+
+    @abstractmethod
+    def asarray(self, x: Any, dtype: Any = None) -> Any:
+        """An array of this backend for ``x`` (DLPack producers without a copy where possible)."""
+
+    @abstractmethod
+    def to_numpy(self, x: Any) -> Any:
+        """A NumPy array with the same contents (a copy off the device)."""
+
+    def empty_bytes(self, nbytes: int) -> Any:
+        return self.xp.empty(max(nbytes, 1), dtype=self.xp.uint8)
+
+    def is_array(self, x: Any) -> bool:
+        return isinstance(x, self.xp.ndarray)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (a no-op on the CPU)."""
+
+    def __repr__(self) -> str:
+        return f"<backend {self.name}>"
+
+
+_BACKENDS: Dict[str, Backend] = {}
+
+
+def get_backend(name: Optional[str] = None) -> Backend:
+    """The backend named ``name``, else ``$CGVM_BACKEND``, else NumPy. CuPy is imported lazily."""
+    if isinstance(name, Backend):
+        return name
+    name = (name or os.environ.get("CGVM_BACKEND") or "numpy").lower()
+    hit = _BACKENDS.get(name)
+    if hit is not None:
+        return hit
+    if name in ("numpy", "cpu"):
+        from .numpy import NumpyBackend
+
+        hit = NumpyBackend()
+    elif name in ("cupy", "gpu", "cuda"):
+        from .cupy import CupyBackend
+
+        hit = CupyBackend()
+    else:
+        from ..errors import BackendUnavailable
+
+        raise BackendUnavailable(f"unknown backend {name!r}; use 'numpy' or 'cupy'")
+    _BACKENDS[name] = hit
+    return hit
+
+
+def available_backends() -> list:
+    """Names of the backends that can run here (cupy only with a visible GPU)."""
+    names = ["numpy"]
+    try:
+        get_backend("cupy")
+        names.append("cupy")
+    except Exception:  # any failure to import cupy or find a device means: not available
+        pass
+    return names

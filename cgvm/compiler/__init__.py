@@ -1,0 +1,8 @@
+"""The compiler: passes over the IR, memory planning, and codegen to VM bytecode."""
+from .codegen import generate
+from .memory import MemoryPlan, infer_slot_types, plan_memory
+from .passes import PIPELINE, Pass, pass_names, run_passes
+from .prune import prune
+
+__all__ = ["generate", "MemoryPlan", "infer_slot_types", "plan_memory", "PIPELINE", "Pass", "pass_names",
+           "run_passes", "prune"]

@@ -1,0 +1,58 @@
+"""The pass pipeline. The list PIPELINE is the documentation of what compiling does, in order.
+
+Each pass is ``Graph -> Graph`` and declares what it needs; in debug mode the verifier runs
+after every pass, and ``print_after`` shows the IR after the named passes.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable, Iterable, List, NamedTuple, Optional, Sequence, TextIO
+
+from ..ir.graph import Graph, verify
+from .cse import eliminate_common_subexpressions
+from .fold import fold_constants
+from .prune import prune
+
+
+class Pass(NamedTuple):
+    name: str
+    run: Callable[[Graph], Graph]
+    needs: tuple = ()
+    doc: str = ""
+
+
+PIPELINE: List[Pass] = [
+    Pass("prune", prune, (), "keep only what the requested outputs need"),
+    Pass("fold", fold_constants, ("prune",), "evaluate nodes whose inputs are all constants"),
+    Pass("cse", eliminate_common_subexpressions, ("fold",), "compute identical nodes once"),
+]
+
+
+def pass_names() -> List[str]:
+    return [p.name for p in PIPELINE]
+
+
+def run_passes(graph: Graph, *, passes: Optional[Sequence[str]] = None, debug: bool = False,
+               print_after: Iterable[str] = (), out: TextIO = sys.stdout) -> Graph:
+    """Run the pipeline (or the named subset, in pipeline order)."""
+    wanted = set(pass_names() if passes is None else passes)
+    unknown = wanted - set(pass_names())
+    if unknown:
+        raise ValueError(f"unknown pass {sorted(unknown)[0]!r}; passes are {pass_names()}")
+    show = set(print_after)
+    if "all" in show:
+        show = set(pass_names())
+    done: set = set()
+    if debug:
+        verify(graph)
+    for p in PIPELINE:
+        if p.name not in wanted:
+            continue
+        graph = p.run(graph)
+        done.add(p.name)
+        if debug:
+            verify(graph)
+        if p.name in show:
+            print(f"// after {p.name}", file=out)
+            print(graph, file=out)
+    return graph

@@ -1,0 +1,1 @@
+"""Caffe frontend: prototxt and caffemodel reading, legacy upgrades, net filtering, converters."""

@@ -1,0 +1,103 @@
+"""OpDef: an op declared once, with its type rule, kernel, gradient, fusion pattern and in-place options.
+
+    relu = defop("relu", pattern=ELEMWISE, infer=same_as_input, inplace=((0, 0),), attrs={...})
+
+    @relu.kernel
+    def _(xp, x, *, negative_slope, out=None): ...     # NumPy and CuPy alike; writes into `out` if given
+
+    @relu.grad
+    def _(node, gy): ...                                # builds gradient nodes; returns one per input
+
+Calling an OpDef builds a node: ``relu(x, negative_slope=0.1)``.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..ir.builder import apply
+from ..ir.opschema import OPS, OpSchema
+
+# Fusion patterns, from most to least fusible (as NNVM/TVM name them).
+ELEMWISE = "elemwise"      # same shape in and out, element by element
+BROADCAST = "broadcast"    # element by element after broadcasting
+INJECTIVE = "injective"    # each output element reads one input element (reshape, transpose, slice)
+REDUCE = "reduce"
+OPAQUE = "opaque"
+
+KernelFn = Callable[..., Any]
+GradFn = Callable[..., Sequence[Any]]
+
+
+class OpDef(OpSchema):
+    """An op with everything needed to build, differentiate, optimize and run it."""
+
+    def __init__(self, name: str, *, pattern: str = OPAQUE, inplace: Tuple[Tuple[int, int], ...] = (),
+                 view: bool = False, writes_out: Optional[bool] = None, differentiable: bool = True,
+                 ufunc: Optional[str] = None, stateful: bool = False, **schema: Any):
+        super().__init__(name, **schema)
+        self.pattern = pattern
+        self.inplace = tuple(inplace)
+        self.view = view                  # output may alias input 0 (reshape, transpose, slicing)
+        self.ufunc = ufunc                # kernel is xp.<ufunc> itself: no wrapper on the hot path
+        self.writes_out = (not view) if writes_out is None else writes_out
+        self.differentiable = differentiable
+        self.stateful = stateful          # never folded or merged by CSE (random ops)
+        self._kernel: Optional[KernelFn] = None
+        self._factory: Optional[Callable[..., KernelFn]] = None
+        self._grad: Optional[GradFn] = None
+
+    # -- declaration decorators ------------------------------------------------
+    def kernel(self, fn: KernelFn) -> KernelFn:
+        """``fn(xp, *inputs, out=None, **attrs)``: the kernel for every array module."""
+        self._kernel = fn
+        return fn
+
+    def kernel_factory(self, fn: Callable[..., KernelFn]) -> Callable[..., KernelFn]:
+        """``fn(xp, **attrs) -> kernel(*inputs, out=None)``: precompute what attributes allow."""
+        self._factory = fn
+        return fn
+
+    def grad(self, fn: GradFn) -> GradFn:
+        """``fn(node, *output_grads) -> [grad per input]``; ``None`` stands for a zero gradient."""
+        self._grad = fn
+        return fn
+
+    # -- use ---------------------------------------------------------------------
+    @property
+    def has_grad(self) -> bool:
+        return self._grad is not None
+
+    def build_grad(self, node: Any, gouts: Sequence[Any]) -> List[Any]:
+        return list(self._grad(node, *gouts))  # type: ignore[misc]
+
+    def bind(self, xp: Any, attrs: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None) -> KernelFn:
+        """A callable ``k(*inputs, out=...)`` for array module ``xp`` with attributes pre-bound."""
+        if overrides and self.name in overrides:
+            return overrides[self.name](xp, **attrs)
+        if self.ufunc is not None and not attrs:
+            return getattr(xp, self.ufunc)
+        if self._factory is not None:
+            return self._factory(xp, **attrs)
+        if self._kernel is None:
+            raise TypeError(f"op {self.name!r} has no kernel")
+        return functools.partial(self._kernel, xp, **attrs) if attrs else functools.partial(self._kernel, xp)
+
+    def __call__(self, *inputs: Any, name: Optional[str] = None, **attrs: Any):
+        return apply(self, inputs, attrs, name=name)
+
+
+def defop(name: str, **kwargs: Any) -> OpDef:
+    """Declare an op; the registry refuses a second op of the same name."""
+    return OpDef(name, **kwargs)
+
+
+def lookup(name: str) -> OpDef:
+    op = OPS.get(name)
+    if op is None:
+        raise KeyError(f"unknown op {name!r}")
+    return op  # type: ignore[return-value]
+
+
+def all_ops() -> Dict[str, OpDef]:
+    return {k: v for k, v in OPS.items() if isinstance(v, OpDef)}

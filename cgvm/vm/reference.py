@@ -1,0 +1,34 @@
+"""eval_graph: a direct interpreter of the IR, the reference the VM is tested against.
+
+No codegen, no planning, no passes: walk the nodes in order and call each kernel.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..ir.graph import CONST, PARAM, Graph
+
+
+def eval_graph(graph: Graph, inputs: Sequence[Any], params: Optional[Mapping[str, Any]] = None,
+               xp: Any = np) -> list:
+    env: Dict[int, Any] = {id(v): a for v, a in zip(graph.inputs, inputs)}
+    params = params or {}
+
+    def read(v):
+        hit = env.get(id(v))
+        if hit is not None:
+            return hit
+        if v.kind == CONST:
+            return xp.asarray(v.data)
+        if v.kind == PARAM:
+            return params[v.name]
+        raise KeyError(f"value {v.label()} has no value")
+
+    for node in graph.nodes:
+        result = node.op.bind(xp, node.attrs)(*[read(v) for v in node.inputs])
+        results = result if len(node.outputs) > 1 else (result,)
+        for v, r in zip(node.outputs, results):
+            env[id(v)] = r
+    return [read(v) for v in graph.outputs]
