@@ -1,0 +1,2 @@
+"""Loss ops: softmax cross-entropy, sigmoid cross-entropy, cross-entropies on probabilities, euclidean, hinge, contrastive."""
+from __future__ import annotations
