@@ -20,6 +20,25 @@ from .vm.interpreter import Executable
 from .vm.workspace import Workspace, default_workspace
 
 
+class SubgraphRuntime:
+    """Compiles sub-graphs (scan bodies, cond branches) the same way, for the same workspace."""
+
+    def __init__(self, workspace: Workspace, *, plan: bool = True, inplace: bool = True, debug: bool = False):
+        self.workspace = workspace
+        self.debug = debug
+        self.planner = (lambda prog, types: plan_memory(prog, types, inplace=inplace)) if plan else None
+        self._cache: Dict[int, Any] = {}
+
+    def compile(self, graph: Graph):
+        hit = self._cache.get(id(graph))
+        if hit is not None and hit[0] is graph:
+            return hit[1]
+        program = generate(run_passes(graph, debug=self.debug))
+        exe = Executable(program, self.workspace, planner=self.planner, infer=infer_slot_types, runtime=self)
+        self._cache[id(graph)] = (graph, exe.run)
+        return exe.run
+
+
 class Function:
     """A callable compiled from symbolic inputs and outputs."""
 
@@ -47,8 +66,9 @@ class Function:
         self.source_graph = graph
         self.graph = run_passes(graph, passes=passes, debug=debug, print_after=print_after)
         self.program = generate(self.graph)
-        planner = (lambda prog, types: plan_memory(prog, types, inplace=inplace)) if plan else None
-        self.executable = Executable(self.program, self.workspace, planner=planner, infer=infer_slot_types)
+        self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug)
+        self.executable = Executable(self.program, self.workspace, planner=self.runtime.planner,
+                                     infer=infer_slot_types, runtime=self.runtime)
         self._asarray = self.workspace.backend.asarray
         self._array_type = self.workspace.backend.xp.ndarray
         self._in_dtypes = [v.dtype.np for v in graph.inputs]

@@ -12,7 +12,7 @@ MAX_FOLD_ELEMENTS = 1 << 20
 def fold_constants(graph: Graph) -> Graph:
     def rule(node, inputs):
         op = node.op
-        if op.stateful or not all(v.kind == CONST for v in inputs) or op.attr_spec.get("body") is not None:
+        if op.stateful or op.needs_runtime or not all(v.kind == CONST for v in inputs):
             return None
         if any(t.size is None or t.size > MAX_FOLD_ELEMENTS for t in (o.type for o in node.outputs)):
             return None

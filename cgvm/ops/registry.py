@@ -34,7 +34,8 @@ class OpDef(OpSchema):
 
     def __init__(self, name: str, *, pattern: str = OPAQUE, inplace: Tuple[Tuple[int, int], ...] = (),
                  view: bool = False, writes_out: Optional[bool] = None, differentiable: bool = True,
-                 ufunc: Optional[str] = None, stateful: bool = False, **schema: Any):
+                 ufunc: Optional[str] = None, stateful: bool = False, needs_runtime: bool = False,
+                 **schema: Any):
         super().__init__(name, **schema)
         self.pattern = pattern
         self.inplace = tuple(inplace)
@@ -43,6 +44,7 @@ class OpDef(OpSchema):
         self.writes_out = (not view) if writes_out is None else writes_out
         self.differentiable = differentiable
         self.stateful = stateful          # never folded or merged by CSE (random ops)
+        self.needs_runtime = needs_runtime  # control flow: its factory gets a Runtime to run sub-graphs
         self._kernel: Optional[KernelFn] = None
         self._factory: Optional[Callable[..., KernelFn]] = None
         self._grad: Optional[GradFn] = None
@@ -71,10 +73,18 @@ class OpDef(OpSchema):
     def build_grad(self, node: Any, gouts: Sequence[Any]) -> List[Any]:
         return list(self._grad(node, *gouts))  # type: ignore[misc]
 
-    def bind(self, xp: Any, attrs: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None) -> KernelFn:
-        """A callable ``k(*inputs, out=...)`` for array module ``xp`` with attributes pre-bound."""
+    def bind(self, xp: Any, attrs: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None,
+             runtime: Any = None) -> KernelFn:
+        """A callable ``k(*inputs, out=...)`` for array module ``xp`` with attributes pre-bound.
+
+        ``runtime`` (needed by control-flow ops only) has ``compile(graph) -> run(list) -> list``.
+        """
         if overrides and self.name in overrides:
             return overrides[self.name](xp, **attrs)
+        if self.needs_runtime:
+            if runtime is None:
+                raise TypeError(f"op {self.name!r} runs sub-graphs and needs a runtime to bind")
+            return self._factory(xp, runtime, **attrs)  # type: ignore[misc]
         if self.ufunc is not None and not attrs:
             return getattr(xp, self.ufunc)
         if self._factory is not None:

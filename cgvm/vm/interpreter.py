@@ -39,13 +39,13 @@ class Executable:
     """A Program loaded for one backend and workspace. Call ``run(args)`` for a list of results."""
 
     def __init__(self, program: Program, workspace: Workspace, *, planner: Optional[Planner] = None,
-                 infer: Optional[Callable] = None):
+                 infer: Optional[Callable] = None, runtime: Any = None):
         self.program = program
         self.workspace = workspace
         self.backend = workspace.backend
         xp = self.backend.xp
         overrides = self.backend.overrides
-        self.kernels = [node.op.bind(xp, node.attrs, overrides) for node in program.nodes]
+        self.kernels = [node.op.bind(xp, node.attrs, overrides, runtime) for node in program.nodes]
         self.planner = planner
         self.infer = infer
         self._frames: Dict[Any, Frame] = {}

@@ -11,8 +11,19 @@ import numpy as np
 from ..ir.graph import CONST, PARAM, Graph
 
 
+class ReferenceRuntime:
+    """Runs sub-graphs (scan bodies, cond branches) with eval_graph itself."""
+
+    def __init__(self, xp: Any):
+        self.xp = xp
+
+    def compile(self, graph: Graph):
+        return lambda args: eval_graph(graph, args, xp=self.xp)
+
+
 def eval_graph(graph: Graph, inputs: Sequence[Any], params: Optional[Mapping[str, Any]] = None,
                xp: Any = np) -> list:
+    runtime = ReferenceRuntime(xp)
     env: Dict[int, Any] = {id(v): a for v, a in zip(graph.inputs, inputs)}
     params = params or {}
 
@@ -27,7 +38,7 @@ def eval_graph(graph: Graph, inputs: Sequence[Any], params: Optional[Mapping[str
         raise KeyError(f"value {v.label()} has no value")
 
     for node in graph.nodes:
-        result = node.op.bind(xp, node.attrs)(*[read(v) for v in node.inputs])
+        result = node.op.bind(xp, node.attrs, runtime=runtime)(*[read(v) for v in node.inputs])
         results = result if len(node.outputs) > 1 else (result,)
         for v, r in zip(node.outputs, results):
             env[id(v)] = r

@@ -169,7 +169,7 @@ def _read_text_file(path: PathLike) -> str:
         raise CaffeParseError("this is a binary file, not prototxt text", filename=name,
                               hint="Binary weights (.caffemodel) are read with read_net_binary.")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # tolerate a byte-order mark from Windows editors
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
@@ -183,7 +183,7 @@ def _parse_text(text: str, message: MessageT, filename: str) -> MessageT:
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as exc:
-        raise _text_error(exc, text, filename, message.DESCRIPTOR.full_name) from None
+        raise _text_error(exc, text, filename) from None
     _check_required_fields(message, filename)
     return message
 
@@ -194,9 +194,7 @@ _UNKNOWN_ENUM = re.compile(r'Enum type "([\w.]+)" has no value named (\w+)')
 _BARE_STRING = re.compile(r"Expected string but found: '(\w+)'")
 
 
-def _text_error(
-    exc: text_format.ParseError, text: str, filename: str, root_type: str
-) -> CaffeParseError:
+def _text_error(exc: text_format.ParseError, text: str, filename: str) -> CaffeParseError:
     line, column = exc.GetLine(), exc.GetColumn()
     message = _LOCATION_PREFIX.sub("", str(exc), count=1)
     lines = text.split("\n")  # protobuf counts lines the same way
@@ -205,12 +203,18 @@ def _text_error(
         quoted = f"'{source_line}': "
         if message.startswith(quoted):
             message = message[len(quoted):]
-    message, hint = _explain(message.rstrip("."), root_type)
+    message, hint = _explain(message.rstrip("."))
+    if line and message.startswith('Expected "}"') and _only_blank_after(lines, line):
+        message, hint = "the text ends inside a { } block", "add the missing closing brace"
     return CaffeParseError(message, filename=filename, line=line, column=column,
                            source_line=source_line, hint=hint)
 
 
-def _explain(message: str, root_type: str) -> tuple[str, str | None]:
+def _only_blank_after(lines: list[str], line: int) -> bool:
+    return all(not rest.strip() or rest.lstrip().startswith("#") for rest in lines[line:])
+
+
+def _explain(message: str) -> tuple[str, str | None]:
     """Rewrite protobuf's wording into Caffe terms and find a hint for the user."""
     unknown_field = _UNKNOWN_FIELD.search(message)
     if unknown_field:

@@ -1,0 +1,409 @@
+"""Control flow as nodes with sub-graphs: ``scan`` (loops, with BPTT gradients) and ``cond`` (lazy if-else).
+
+scan(*sequences, *initial_carries, *non_sequences[, n_steps]) with a ``body`` graph
+
+    body(x_t..., h_prev..., p...) -> (h_t..., y_t... [, stop])
+
+iterates over axis 0 of the sequences. Outputs, in order: the final carries, the carries
+stacked over steps ``(T, ...)``, and the per-step outputs stacked ``(T, ...)``. With
+``has_until`` the body's last output is a boolean scalar; the loop stops after the first step
+where it is true. Sub-graphs are closed: everything they read is an input.
+
+Frontends lower richer forms (sequence taps, multi-tap outputs) onto this one.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence
+
+from ..errors import ShapeError
+from ..ir.attrs import Bool, GraphAttr, Int
+from ..ir.builder import rebuild
+from ..ir.graph import Graph, Value, input_value
+from ..ir.types import TensorType
+from . import elementwise as ew
+from . import shape as shp
+from .registry import INJECTIVE, OPAQUE, defop
+
+
+def _split(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:
+    parts, i = [], 0
+    for n in sizes:
+        parts.append(seq[i:i + n])
+        i += n
+    parts.append(seq[i:])
+    return parts
+
+
+# --------------------------------------------------------------------------- scan
+
+def _scan_outputs(attrs, n_inputs):
+    body = attrs["body"]
+    n_ys = len(body.outputs) - attrs["n_carry"] - (1 if attrs["has_until"] else 0)
+    return 2 * attrs["n_carry"] + n_ys
+
+
+def _scan_infer(types, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_steps, truncate,
+                reset_carries):
+    seqs, inits, rest = _split(types, n_seqs, n_carry)
+    nonseqs = rest[:-1] if dyn_steps else rest
+    expected = len(body.inputs)
+    if n_seqs + n_carry + len(nonseqs) != expected:
+        raise ShapeError(f"scan body takes {expected} inputs, the node gives {n_seqs + n_carry + len(nonseqs)}")
+    for k, (t, v) in enumerate(zip(list(seqs) + list(inits) + list(nonseqs), body.inputs)):
+        want = v.type
+        have = TensorType(t.shape[1:], t.dtype) if k < n_seqs else t
+        if have.dtype is not want.dtype or have.ndim != want.ndim:
+            raise ShapeError(f"scan input {k} is {have!r} per step; the body expects {want!r}")
+    for k, (t, out) in enumerate(zip(inits, body.outputs[:n_carry])):
+        if out.dtype is not t.dtype or out.ndim != t.ndim:
+            raise ShapeError(f"scan carry {k}: initial value is {t!r} but the body returns {out.type!r}")
+    steps: Optional[int] = n_steps
+    lengths = [t.shape[0] for t in seqs]
+    if steps is None and lengths and None not in lengths:
+        steps = min(lengths)
+    if dyn_steps or has_until:
+        steps = None
+    n_ys = len(body.outputs) - n_carry - (1 if has_until else 0)
+    outs = []
+    for t, out in zip(inits, body.outputs[:n_carry]):
+        outs.append(TensorType([a if a == b else None for a, b in zip(t.shape, out.shape)], t.dtype))
+    stacked = [TensorType((steps,) + tuple(t.shape), t.dtype) for t in outs]
+    ys = [TensorType((steps,) + tuple(o.shape), o.dtype) for o in body.outputs[n_carry:n_carry + n_ys]]
+    return outs + stacked + ys
+
+
+scan = defop("scan", num_inputs=(0, None), num_outputs=_scan_outputs, pattern=OPAQUE, needs_runtime=True,
+             writes_out=False, infer=_scan_infer,
+             attrs={"body": GraphAttr(), "n_seqs": Int(0), "n_carry": Int(0), "go_backwards": Bool(False),
+                    "has_until": Bool(False), "n_steps": Int(None), "dyn_steps": Bool(False),
+                    "truncate": Int(-1), "reset_carries": Int(0)})
+
+
+@scan.kernel_factory
+def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_steps, truncate,
+      reset_carries):
+    run = runtime.compile(body)
+    n_ys = len(body.outputs) - n_carry - (1 if has_until else 0)
+
+    def scan_kernel(*inputs):
+        seqs, inits, rest = _split(inputs, n_seqs, n_carry)
+        nonseqs = list(rest[:-1] if dyn_steps else rest)
+        steps = int(rest[-1]) if dyn_steps else n_steps
+        if steps is None:
+            if not seqs:
+                raise ValueError("scan without sequences needs n_steps")
+            steps = min(s.shape[0] for s in seqs)
+        elif seqs and min(s.shape[0] for s in seqs) < steps:
+            raise ValueError(f"scan: n_steps={steps} but a sequence has only "
+                             f"{min(s.shape[0] for s in seqs)} entries")
+        active = steps if truncate < 0 else min(steps, truncate)
+        carries = list(inits)
+        stacks: List[Any] = []
+        done = steps
+        for t in range(active):
+            i = steps - 1 - t if go_backwards else t
+            res = run([s[i] for s in seqs] + carries + nonseqs)
+            if t == 0:
+                stacks = [xp.zeros((steps,) + r.shape, r.dtype) for r in res[:n_carry + n_ys]]
+            for st, r in zip(stacks, res):
+                st[t] = r
+            carries = res[:n_carry]
+            if has_until and bool(res[-1]):
+                done = t + 1
+                break
+        if not stacks:  # zero steps: empty stacks shaped after the initial carries
+            stacks = [xp.zeros((0,) + c.shape, c.dtype) for c in inits]
+            stacks += [xp.zeros((0,) + tuple(d or 0 for d in o.shape), o.dtype.np)
+                       for o in body.outputs[n_carry:n_carry + n_ys]]
+        if active < steps:
+            for k in range(min(reset_carries, n_carry)):
+                carries[k] = xp.zeros_like(carries[k])
+        if done < steps:
+            stacks = [st[:done] for st in stacks]
+        finals = [c if isinstance(c, xp.ndarray) else xp.asarray(c) for c in carries]
+        return tuple(finals) + tuple(stacks)
+    return scan_kernel
+
+
+def _fresh_inputs(values: Sequence[Value], prefix: str) -> List[Value]:
+    return [input_value(v.type, f"{prefix}{i}") for i, v in enumerate(values)]
+
+
+@scan.grad
+def _(node, *gouts):
+    from ..autodiff import grad_map  # autodiff imports ops; the cycle is broken at call time
+
+    a = node.attrs
+    body: Graph = a["body"]
+    S, C = a["n_seqs"], a["n_carry"]
+    seqs, inits, rest = _split(node.inputs, S, C)
+    nonseqs = list(rest[:-1] if a["dyn_steps"] else rest)
+    K = len(nonseqs)
+    n_ys = len(body.outputs) - C - (1 if a["has_until"] else 0)
+    g_final, g_stack, g_ys = _split(gouts, C, C)
+    stacked = node.outputs[C:2 * C]
+
+    # the step's gradient graph: G(x_t, h_prev, p, gh_t, gy_t) -> (gh_prev, gx_t, gp_t)
+    x_in, h_in, p_in = _fresh_inputs(body.inputs[:S], "x"), \
+        _fresh_inputs(body.inputs[S:S + C], "h"), _fresh_inputs(body.inputs[S + C:], "p")
+    step_outs = rebuild(list(body.outputs[:C + n_ys]),
+                        {id(o): n for o, n in zip(body.inputs, x_in + h_in + p_in)})
+    gh_seq_in = [input_value(TensorType(s.type.shape[1:], s.dtype), f"gH{i}")
+                 for i, s in enumerate(stacked) if g_stack[i] is not None]
+    gy_in = [input_value(TensorType(o.shape, o.dtype), f"gy{j}")
+             for j, o in enumerate(body.outputs[C:C + n_ys]) if g_ys[j] is not None]
+    gh_carry = _fresh_inputs(body.inputs[S:S + C], "gh")
+    diff_p = [k for k, p in enumerate(nonseqs) if p.dtype.is_float]
+    gp_carry = [input_value(p_in[k].type, f"gp{k}") for k in diff_p]
+
+    seeds = {}
+    it_gh = iter(gh_seq_in)
+    for i, h_t in enumerate(step_outs[:C]):
+        total = gh_carry[i]
+        if g_stack[i] is not None:
+            total = ew.add(total, next(it_gh))
+        seeds[h_t] = total
+    it_gy = iter(gy_in)
+    for j, y_t in enumerate(step_outs[C:C + n_ys]):
+        if g_ys[j] is not None:
+            seeds[y_t] = next(it_gy)
+    wrt = x_in + h_in + p_in
+    gmap = grad_map(seeds, wrt)
+
+    def g_of(v: Value) -> Value:
+        g = gmap.get(id(v))
+        return shp.zeros_like(v) if g is None else g
+
+    new_gh = [g_of(h) for h in h_in]
+    new_gp = [ew.add(gp_carry[n], g_of(p_in[k])) for n, k in enumerate(diff_p)]
+    gx = [g_of(x) for x in x_in]
+    bwd_inputs = x_in + h_in + gh_seq_in + gy_in + gh_carry + gp_carry + p_in
+    bwd_body = Graph(bwd_inputs, new_gh + new_gp + gx, name=f"{body.name}_grad")
+
+    # sequences for the backward loop, in forward time order (the loop runs them backwards)
+    h_prev = [shift_in(init, st) for init, st in zip(inits, stacked)]
+    gh_seqs = [g for g in g_stack if g is not None]
+    gy_seqs = [g for g in g_ys if g is not None]
+    gh0 = [shp.zeros_like(i) if g is None else g for i, g in zip(inits, g_final)]
+    gp0 = [shp.zeros_like(nonseqs[k]) for k in diff_p]
+    extra = [node.inputs[-1]] if a["dyn_steps"] else []
+    outs = scan(*seqs, *h_prev, *gh_seqs, *gy_seqs, *gh0, *gp0, *nonseqs, *extra, body=bwd_body,
+                n_seqs=len(seqs) + len(h_prev) + len(gh_seqs) + len(gy_seqs), n_carry=C + len(diff_p),
+                go_backwards=not a["go_backwards"], n_steps=a["n_steps"], dyn_steps=a["dyn_steps"],
+                truncate=a["truncate"], reset_carries=C)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    nc = C + len(diff_p)
+    finals, ys = outs[:nc], outs[2 * nc:]
+    g_inits = list(finals[:C])
+    g_nonseq: List[Optional[Value]] = [None] * K
+    for n, k in enumerate(diff_p):
+        g_nonseq[k] = finals[C + n]
+    g_seqs = [reverse(y) for y in ys[:S]]
+    if a["has_until"]:
+        # a loop that stopped early produced fewer steps; pad the sequence gradients back out
+        g_seqs = [pad_steps_like(g, s) for g, s in zip(g_seqs, seqs)]
+    return g_seqs + g_inits + g_nonseq + ([None] if a["dyn_steps"] else [])
+
+
+# --------------------------------------------------------------------------- scan plumbing
+
+def _shift_infer(types):
+    init, stack = types
+    return stack
+
+
+shift_in = defop("shift_in", num_inputs=2, pattern=INJECTIVE, infer=_shift_infer, writes_out=False,
+                 doc="concat(init[None], stack[:-1]): the carry each scan step started from.")
+
+
+@shift_in.kernel
+def _(xp, init, stack):
+    out = xp.empty_like(stack)
+    if stack.shape[0]:
+        out[0] = init
+        out[1:] = stack[:-1]
+    return out
+
+
+@shift_in.grad
+def _(node, g):
+    return [first_of(g), shift_out(g)]
+
+
+first_of = defop("first_of", pattern=INJECTIVE, writes_out=False,
+                 infer=lambda types: TensorType(types[0].shape[1:], types[0].dtype), doc="x[0]")
+
+
+@first_of.kernel
+def _(xp, x):
+    return x[0].copy()
+
+
+@first_of.grad
+def _(node, g):
+    return [place_first(g, node.inputs[0])]
+
+
+place_first = defop("place_first", num_inputs=2, pattern=INJECTIVE, writes_out=False,
+                    infer=lambda types: TensorType(types[1].shape, types[0].dtype),
+                    doc="zeros shaped like the second input, with the first input at index 0")
+
+
+@place_first.kernel
+def _(xp, g, like):
+    out = xp.zeros(like.shape, g.dtype)
+    out[0] = g
+    return out
+
+
+@place_first.grad
+def _(node, gg):
+    return [first_of(gg), None]
+
+
+shift_out = defop("shift_out", pattern=INJECTIVE, writes_out=False, infer=lambda types: types[0],
+                  doc="the adjoint of the stack part of shift_in: out[:-1] = g[1:], out[-1] = 0")
+
+
+@shift_out.kernel
+def _(xp, g):
+    out = xp.zeros_like(g)
+    out[:-1] = g[1:]
+    return out
+
+
+@shift_out.grad
+def _(node, gg):
+    return [shift_back(gg)]
+
+
+shift_back = defop("shift_back", pattern=INJECTIVE, writes_out=False, infer=lambda types: types[0],
+                   doc="out[1:] = g[:-1], out[0] = 0 (the adjoint of shift_out)")
+
+
+@shift_back.kernel
+def _(xp, g):
+    out = xp.zeros_like(g)
+    out[1:] = g[:-1]
+    return out
+
+
+@shift_back.grad
+def _(node, gg):
+    return [shift_out(gg)]
+
+
+reverse = defop("reverse", pattern=INJECTIVE, writes_out=False, infer=lambda types: types[0],
+                doc="x reversed along axis 0")
+
+
+@reverse.kernel
+def _(xp, x):
+    return x[::-1].copy()
+
+
+@reverse.grad
+def _(node, g):
+    return [reverse(g)]
+
+
+def _pad_steps_infer(types):
+    return TensorType(types[1].shape[:1] + types[0].shape[1:], types[0].dtype)
+
+
+pad_steps_like = defop("pad_steps_like", num_inputs=2, pattern=INJECTIVE, writes_out=False,
+                       infer=_pad_steps_infer, doc="g zero-padded at the end of axis 0 to the length of like")
+
+
+@pad_steps_like.kernel
+def _(xp, g, like):
+    if g.shape[0] == like.shape[0]:
+        return g
+    out = xp.zeros((like.shape[0],) + g.shape[1:], g.dtype)
+    out[:g.shape[0]] = g
+    return out
+
+
+@pad_steps_like.grad
+def _(node, gg):
+    return [steps_like(gg, node.inputs[0]), None]
+
+
+steps_like = defop("steps_like", num_inputs=2, pattern=INJECTIVE, view=True,
+                   infer=lambda types: TensorType(types[1].shape[:1] + types[0].shape[1:], types[0].dtype),
+                   doc="the first len(like) entries of x along axis 0")
+
+
+@steps_like.kernel
+def _(xp, x, like):
+    return x[:like.shape[0]]
+
+
+@steps_like.grad
+def _(node, gg):
+    return [pad_steps_like(gg, node.inputs[0]), None]
+
+
+# --------------------------------------------------------------------------- cond
+
+def _cond_infer(types, then_graph, else_graph):
+    pred = types[0]
+    if pred.ndim != 0 and pred.shape != (1,):
+        raise ShapeError(f"cond needs a scalar condition, got {pred!r}")
+    n_ops = len(types) - 1
+    for g, which in ((then_graph, "then"), (else_graph, "else")):
+        if len(g.inputs) != n_ops:
+            raise ShapeError(f"cond {which}-branch takes {len(g.inputs)} inputs, given {n_ops}")
+    if len(then_graph.outputs) != len(else_graph.outputs):
+        raise ShapeError(f"cond branches return {len(then_graph.outputs)} and {len(else_graph.outputs)} values")
+    outs = []
+    for a, b in zip(then_graph.outputs, else_graph.outputs):
+        if a.dtype is not b.dtype or a.ndim != b.ndim:
+            raise ShapeError(f"cond branches disagree: {a.type!r} vs {b.type!r}")
+        outs.append(TensorType([x if x == y else None for x, y in zip(a.shape, b.shape)], a.dtype))
+    return outs
+
+
+cond = defop("cond", num_inputs=(1, None), num_outputs=lambda attrs, n: len(attrs["then_graph"].outputs),
+             pattern=OPAQUE, needs_runtime=True, writes_out=False, infer=_cond_infer,
+             attrs={"then_graph": GraphAttr(), "else_graph": GraphAttr()})
+
+
+@cond.kernel_factory
+def _(xp, runtime, then_graph, else_graph):
+    run_then = runtime.compile(then_graph)
+    run_else = runtime.compile(else_graph)
+    single = len(then_graph.outputs) == 1
+
+    def cond_kernel(pred, *operands):
+        res = (run_then if bool(pred) else run_else)(list(operands))
+        return res[0] if single else tuple(res)
+    return cond_kernel
+
+
+def branch_grad(graph: Graph, gouts: Sequence[Optional[Value]]) -> Graph:
+    """A graph (operands..., output grads...) -> operand grads, for one branch."""
+    from ..autodiff import grad_map
+
+    ins = _fresh_inputs(graph.inputs, "x")
+    outs = rebuild(list(graph.outputs), {id(o): n for o, n in zip(graph.inputs, ins)})
+    g_in = [input_value(o.type, f"g{i}") for i, (o, g) in enumerate(zip(outs, gouts)) if g is not None]
+    it = iter(g_in)
+    seeds = {o: next(it) for o, g in zip(outs, gouts) if g is not None}
+    gmap = grad_map(seeds, ins)
+    results = [gmap.get(id(x)) or shp.zeros_like(x) for x in ins]
+    return Graph(ins + g_in, results, name=f"{graph.name}_grad")
+
+
+@cond.grad
+def _(node, *gouts):
+    pred, operands = node.inputs[0], node.inputs[1:]
+    float_ops = [k for k, v in enumerate(operands) if v.dtype.is_float]
+    if not float_ops:
+        return [None] * len(node.inputs)
+    then_g = branch_grad(node.attrs["then_graph"], gouts)
+    else_g = branch_grad(node.attrs["else_graph"], gouts)
+    given = [g for g in gouts if g is not None]
+    res = cond(pred, *operands, *given, then_graph=then_g, else_graph=else_g)
+    res = res if isinstance(res, tuple) else (res,)
+    return [None] + [res[k] if operands[k].dtype.is_float else None for k in range(len(operands))]
