@@ -11,6 +11,7 @@ from typing import Callable, Iterable, List, NamedTuple, Optional, Sequence, Tex
 from ..ir.graph import Graph, verify
 from .cse import eliminate_common_subexpressions
 from .fold import fold_constants
+from .hoist import hoist_loop_invariants
 from .prune import prune
 
 
@@ -25,6 +26,7 @@ PIPELINE: List[Pass] = [
     Pass("prune", prune, (), "keep only what the requested outputs need"),
     Pass("fold", fold_constants, ("prune",), "evaluate nodes whose inputs are all constants"),
     Pass("cse", eliminate_common_subexpressions, ("fold",), "compute identical nodes once"),
+    Pass("hoist", hoist_loop_invariants, ("cse",), "move loop-invariant work out of scan bodies"),
 ]
 
 

@@ -36,6 +36,10 @@ def _split(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:
 
 # --------------------------------------------------------------------------- scan
 
+def _dims_agree(a, b) -> bool:
+    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
 def _scan_outputs(attrs, n_inputs):
     body = attrs["body"]
     n_ys = len(body.outputs) - attrs["n_carry"] - (1 if attrs["has_until"] else 0)
@@ -52,7 +56,7 @@ def _scan_infer(types, body, n_seqs, n_carry, go_backwards, has_until, n_steps, 
     for k, (t, v) in enumerate(zip(list(seqs) + list(inits) + list(nonseqs), body.inputs)):
         want = v.type
         have = TensorType(t.shape[1:], t.dtype) if k < n_seqs else t
-        if have.dtype is not want.dtype or have.ndim != want.ndim:
+        if have.dtype is not want.dtype or not _dims_agree(have.shape, want.shape):
             raise ShapeError(f"scan input {k} is {have!r} per step; the body expects {want!r}")
     for k, (t, out) in enumerate(zip(inits, body.outputs[:n_carry])):
         if out.dtype is not t.dtype or out.ndim != t.ndim:
@@ -180,16 +184,18 @@ def _(node, *gouts):
     bwd_inputs = x_in + h_in + gh_seq_in + gy_in + gh_carry + gp_carry + p_in
     bwd_body = Graph(bwd_inputs, new_gh + new_gp + gx, name=f"{body.name}_grad")
 
-    # sequences for the backward loop, in forward time order (the loop runs them backwards)
+    # the backward loop walks the forward iterations in reverse; every sequence is in iteration order
+    backwards = a["go_backwards"]
+    x_iter = [reverse(x) for x in seqs] if backwards else list(seqs)
     h_prev = [shift_in(init, st) for init, st in zip(inits, stacked)]
     gh_seqs = [g for g in g_stack if g is not None]
     gy_seqs = [g for g in g_ys if g is not None]
     gh0 = [shp.zeros_like(i) if g is None else g for i, g in zip(inits, g_final)]
     gp0 = [shp.zeros_like(nonseqs[k]) for k in diff_p]
     extra = [node.inputs[-1]] if a["dyn_steps"] else []
-    outs = scan(*seqs, *h_prev, *gh_seqs, *gy_seqs, *gh0, *gp0, *nonseqs, *extra, body=bwd_body,
+    outs = scan(*x_iter, *h_prev, *gh_seqs, *gy_seqs, *gh0, *gp0, *nonseqs, *extra, body=bwd_body,
                 n_seqs=len(seqs) + len(h_prev) + len(gh_seqs) + len(gy_seqs), n_carry=C + len(diff_p),
-                go_backwards=not a["go_backwards"], n_steps=a["n_steps"], dyn_steps=a["dyn_steps"],
+                go_backwards=True, n_steps=a["n_steps"], dyn_steps=a["dyn_steps"],
                 truncate=a["truncate"], reset_carries=C)
     outs = outs if isinstance(outs, tuple) else (outs,)
     nc = C + len(diff_p)
@@ -198,10 +204,12 @@ def _(node, *gouts):
     g_nonseq: List[Optional[Value]] = [None] * K
     for n, k in enumerate(diff_p):
         g_nonseq[k] = finals[C + n]
-    g_seqs = [reverse(y) for y in ys[:S]]
-    if a["has_until"]:
-        # a loop that stopped early produced fewer steps; pad the sequence gradients back out
-        g_seqs = [pad_steps_like(g, s) for g, s in zip(g_seqs, seqs)]
+    g_seqs = []
+    for y, x in zip(ys[:S], seqs):
+        g_iter = reverse(y)
+        if a["has_until"]:  # a loop that stopped early ran fewer steps: pad back to the sequence length
+            g_iter = pad_steps_like(g_iter, x)
+        g_seqs.append(reverse(g_iter) if backwards else g_iter)
     return g_seqs + g_inits + g_nonseq + ([None] if a["dyn_steps"] else [])
 
 

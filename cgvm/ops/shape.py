@@ -1,12 +1,69 @@
-"""Shape ops: reshape, transpose, broadcasting, expand/squeeze, concat/split, slicing, indexing, fills."""
+"""Shape ops: reshape, transpose, broadcasting, expand/squeeze, flatten, concat/split/stack, tile, and fills.
+
+Slicing, integer indexing, padding and one-hot live in ``indexing.py``. View ops (``view=True``)
+return arrays that may alias their first input; the memory planner extends that input's life.
+Dimensions may be unknown (``None``) in every type rule; they stay unknown where the output
+depends on them, and are checked again with concrete shapes when a program is planned.
+"""
 from __future__ import annotations
 
-from ..ir.attrs import DTypeAttr, Float, Ints
-from ..ir.types import TensorType
-from . import reduce as red
-from .registry import INJECTIVE, defop
-from .rules import broadcast_shapes, normalize_axes
+import math
+from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from ..ir.attrs import AttrKind, DTypeAttr, Float, Int, Ints
+from ..ir.graph import CONST, Value, const_value
+from ..ir.types import TensorType, float32, int64, result_dtype, shape_str
+from . import reduce as red
+from .registry import INJECTIVE, OPAQUE, defop
+from .rules import Dim, broadcast_shapes, normalize_axes, normalize_axis, prod_dims
+
+
+class OptionalInts(AttrKind):
+    """A tuple whose entries are ints or ``None`` (slice bounds, partly static shapes)."""
+
+    kind = "ints?"
+
+    def convert(self, value):
+        if value is None or isinstance(value, (int, np.integer)):
+            value = (value,)
+        items = tuple(value)
+        for v in items:
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+                raise TypeError(f"expected ints or None, got {value!r}")
+        return tuple(None if v is None else int(v) for v in items)
+
+
+def unify_dim(a: Dim, b: Dim, what: str) -> Dim:
+    """The common value of two dimensions that must agree (``None`` agrees with anything)."""
+    if a is None:
+        return b
+    if b is not None and a != b:
+        raise ShapeError(f"{what}: {a} != {b}")
+    return a
+
+
+def unify_shapes(shapes: Sequence[Sequence[Dim]], what: str, skip_axis: Optional[int] = None) -> List[Dim]:
+    """One shape agreeing with all of ``shapes`` (same rank), ignoring ``skip_axis``."""
+    ranks = {len(s) for s in shapes}
+    if len(ranks) != 1:
+        raise ShapeError(f"{what}: inputs have different ranks " + ", ".join(shape_str(s) for s in shapes))
+    out = list(shapes[0])
+    for s in shapes[1:]:
+        for i, d in enumerate(s):
+            if i != skip_axis:
+                out[i] = unify_dim(out[i], d, f"{what}: dimension {i} differs")
+    return out
+
+
+def _single_or_tuple(parts: Sequence[Any]) -> Any:
+    """Multi-output kernels return a tuple, but a one-output node takes the array itself."""
+    return parts[0] if len(parts) == 1 else tuple(parts)
+
+
+# --------------------------------------------------------------------------- expand / squeeze
 
 def _expand_infer(types, axis):
     t = types[0]
@@ -51,6 +108,8 @@ def _(node, g):
     return [reshape_like(g, node.inputs[0])]
 
 
+# --------------------------------------------------------------------------- broadcasting
+
 def _broadcast_like_infer(types):
     x, like = types
     return TensorType(broadcast_shapes(x.shape, like.shape), x.dtype)
@@ -70,6 +129,117 @@ def _(node, g):
     return [red.sum_to_like(g, node.inputs[0]), None]
 
 
+def check_broadcastable_to(shape: Sequence[Dim], target: Sequence[Dim], what: str) -> None:
+    """Raise unless ``shape`` broadcasts to ``target`` without changing it (unknown dims pass)."""
+    if len(shape) > len(target):
+        raise ShapeError(f"{what}: {shape_str(shape)} has more dimensions than {shape_str(target)}")
+    for d, t in zip(reversed(shape), reversed(target)):
+        if d is not None and d != 1 and t is not None and d != t:
+            raise ShapeError(f"{what}: {shape_str(shape)} does not broadcast to {shape_str(target)}")
+
+
+def _broadcast_to_infer(types, shape):
+    if any(d < 0 for d in shape):
+        raise ValueError(f"broadcast_to: negative dimension in shape {shape}")
+    check_broadcastable_to(types[0].shape, shape, "broadcast_to")
+    return TensorType(shape, types[0].dtype)
+
+
+broadcast_to = defop("broadcast_to", pattern=INJECTIVE, view=True, attrs={"shape": Ints()},
+                     infer=_broadcast_to_infer)
+
+
+@broadcast_to.kernel
+def _(xp, x, *, shape):
+    return xp.broadcast_to(x, shape)
+
+
+@broadcast_to.grad
+def _(node, g):
+    return [red.sum_to_like(g, node.inputs[0])]
+
+
+# --------------------------------------------------------------------------- reshape
+
+def resolve_reshape(in_shape: Sequence[Dim], target: Sequence[int]) -> Tuple[Dim, ...]:
+    """Caffe/NumPy reshape target: 0 copies the input dimension at that position, -1 is inferred.
+
+    Works on static shapes (``None`` dims give ``None`` where they matter) and concrete ones.
+    """
+    if sum(1 for t in target if t == -1) > 1:
+        raise ShapeError(f"reshape target {tuple(target)} has more than one -1")
+    out: List[Dim] = []
+    for i, t in enumerate(target):
+        if t == 0:
+            if i >= len(in_shape):
+                raise ShapeError(f"reshape target {tuple(target)}: 0 at position {i} copies an input "
+                                 f"dimension, but the input {shape_str(in_shape)} has rank {len(in_shape)}")
+            out.append(in_shape[i])
+        elif t < -1:
+            raise ShapeError(f"reshape target {tuple(target)} has a negative dimension {t}")
+        else:
+            out.append(t)
+    size_in = prod_dims(in_shape)
+    if -1 in out:
+        k = out.index(-1)
+        rest = prod_dims([d for i, d in enumerate(out) if i != k])
+        if size_in is not None and rest is not None:
+            if rest == 0 or size_in % rest:
+                raise ShapeError(f"cannot reshape {shape_str(in_shape)} to {tuple(target)}")
+            out[k] = size_in // rest
+        else:
+            out[k] = None
+    else:
+        size_out = prod_dims(out)
+        if size_in is not None and size_out is not None and size_in != size_out:
+            raise ShapeError(f"cannot reshape {shape_str(in_shape)} ({size_in} elements) to "
+                             f"{tuple(target)} ({size_out} elements)")
+    return tuple(out)
+
+
+reshape = defop("reshape", pattern=INJECTIVE, view=True, attrs={"shape": Ints()},
+                infer=lambda types, shape: TensorType(resolve_reshape(types[0].shape, shape), types[0].dtype),
+                doc="Reshape to `shape`: 0 copies the input dimension at that position, -1 is inferred.")
+
+
+@reshape.kernel_factory
+def _(xp, shape):
+    if 0 not in shape:  # NumPy resolves -1 itself
+        return lambda x: x.reshape(shape)
+    return lambda x: x.reshape(resolve_reshape(x.shape, shape))
+
+
+@reshape.grad
+def _(node, g):
+    return [reshape_like(g, node.inputs[0])]
+
+
+def _reshape_dyn_infer(types):
+    x, target = types
+    if target.ndim != 1 or not target.dtype.is_int:
+        raise DTypeError(f"reshape_dyn: the target shape must be a 1-D integer tensor, got {target!r}")
+    rank = target.shape[0]
+    if rank is None:
+        raise ShapeError("reshape_dyn: the length of the target shape must be known when the graph is built")
+    if rank == 1:  # flattening: the one dimension is the input's size
+        return TensorType((prod_dims(x.shape),), x.dtype)
+    return TensorType((None,) * rank, x.dtype)
+
+
+reshape_dyn = defop("reshape_dyn", num_inputs=2, pattern=INJECTIVE, view=True, infer=_reshape_dyn_infer,
+                    doc="Reshape to a shape read at run time from an integer vector (0 and -1 as in reshape).")
+
+
+@reshape_dyn.kernel
+def _(xp, x, target):
+    return x.reshape(resolve_reshape(x.shape, [int(d) for d in target.tolist()]))
+
+
+@reshape_dyn.grad
+def _(node, g):
+    return [reshape_like(g, node.inputs[0]), None]
+
+
 reshape_like = defop("reshape_like", num_inputs=2, pattern=INJECTIVE, view=True,
                      infer=lambda types: TensorType(types[1].shape, types[0].dtype),
                      doc="x reshaped to the shape of the second input (only its shape is read).")
@@ -83,6 +253,279 @@ def _(xp, x, like):
 @reshape_like.grad
 def _(node, g):
     return [reshape_like(g, node.inputs[0]), None]
+
+
+def _flatten_range(ndim: int, axis: int, end_axis: int) -> Tuple[int, int]:
+    start, end = normalize_axis(axis, ndim), normalize_axis(end_axis, ndim)
+    if end < start:
+        raise ShapeError(f"flatten: end_axis {end_axis} comes before axis {axis} (rank {ndim})")
+    return start, end
+
+
+def _flatten_infer(types, axis, end_axis):
+    t = types[0]
+    start, end = _flatten_range(t.ndim, axis, end_axis)
+    return TensorType(t.shape[:start] + (prod_dims(t.shape[start:end + 1]),) + t.shape[end + 1:], t.dtype)
+
+
+flatten = defop("flatten", pattern=INJECTIVE, view=True, attrs={"axis": Int(1), "end_axis": Int(-1)},
+                infer=_flatten_infer, doc="Caffe's Flatten: dimensions axis..end_axis (inclusive) become one.")
+
+
+@flatten.kernel
+def _(xp, x, *, axis, end_axis):
+    start, end = _flatten_range(x.ndim, axis, end_axis)
+    return x.reshape(x.shape[:start] + (math.prod(x.shape[start:end + 1]),) + x.shape[end + 1:])
+
+
+@flatten.grad
+def _(node, g):
+    return [reshape_like(g, node.inputs[0])]
+
+
+# --------------------------------------------------------------------------- transpose
+
+def _transpose_perm(perm: Optional[Sequence[int]], ndim: int) -> Tuple[int, ...]:
+    if perm is None:
+        return tuple(range(ndim - 1, -1, -1))
+    if len(perm) != ndim:
+        raise ShapeError(f"transpose: perm {tuple(perm)} has {len(perm)} entries for a tensor of rank {ndim}")
+    norm = tuple(normalize_axis(p, ndim) for p in perm)
+    if sorted(norm) != list(range(ndim)):
+        raise ShapeError(f"transpose: perm {tuple(perm)} is not a permutation of the axes")
+    return norm
+
+
+def _transpose_infer(types, perm):
+    t = types[0]
+    return TensorType(tuple(t.shape[p] for p in _transpose_perm(perm, t.ndim)), t.dtype)
+
+
+transpose = defop("transpose", pattern=INJECTIVE, view=True, attrs={"perm": Ints(None)}, infer=_transpose_infer,
+                  doc="Permute axes (default: reverse them).")
+
+
+@transpose.kernel
+def _(xp, x, *, perm):
+    return xp.transpose(x, perm)
+
+
+@transpose.grad
+def _(node, g):
+    perm = _transpose_perm(node.attrs["perm"], node.inputs[0].ndim)
+    return [transpose(g, perm=tuple(int(i) for i in np.argsort(perm)))]
+
+
+def swap_last_axes(x: Value) -> Value:
+    """``x`` with its last two axes exchanged (a matrix transpose over batch dimensions)."""
+    n = x.ndim
+    return transpose(x, perm=tuple(range(n - 2)) + (n - 1, n - 2))
+
+
+# --------------------------------------------------------------------------- concat / split / stack
+
+def _concat_infer(types, axis):
+    if types[0].ndim == 0:
+        raise ShapeError("concat: cannot concatenate 0-d tensors (use stack)")
+    ax = normalize_axis(axis, types[0].ndim)
+    shape = unify_shapes([t.shape for t in types], "concat", skip_axis=ax)
+    shape[ax] = _sum_dims([t.shape[ax] for t in types])
+    return TensorType(shape, result_dtype(*[t.dtype for t in types]))
+
+
+def _sum_dims(dims: Sequence[Dim]) -> Dim:
+    return None if None in dims else sum(dims)
+
+
+concat = defop("concat", num_inputs=(1, None), pattern=INJECTIVE, attrs={"axis": Int(0)}, infer=_concat_infer)
+
+
+@concat.kernel
+def _(xp, *xs, axis, out=None):
+    return xp.concatenate(xs, axis=axis, out=out)
+
+
+@concat.grad
+def _(node, g):
+    parts = split_like(g, *node.inputs, axis=node.attrs["axis"])
+    return list(parts) if isinstance(parts, tuple) else [parts]
+
+
+def _split_like_infer(types, axis):
+    g, likes = types[0], types[1:]
+    ax = normalize_axis(axis, g.ndim)
+    for t in likes:
+        if t.ndim != g.ndim:
+            raise ShapeError(f"split_like: a part of rank {t.ndim} for a tensor of rank {g.ndim}")
+    total = _sum_dims([t.shape[ax] for t in likes])
+    unify_dim(g.shape[ax], total, f"split_like: the parts' sizes along axis {axis} do not add up")
+    return [TensorType(g.shape[:ax] + (t.shape[ax],) + g.shape[ax + 1:], g.dtype) for t in likes]
+
+
+split_like = defop("split_like", num_inputs=(2, None), pattern=INJECTIVE, view=True, attrs={"axis": Int(0)},
+                   infer=_split_like_infer,
+                   doc="Split the first input along axis into parts as long as the other inputs are there.")
+
+
+def _split_at(x, axis: int, sizes: Sequence[int]) -> Any:
+    index = [slice(None)] * x.ndim
+    parts, start = [], 0
+    for size in sizes:
+        index[axis] = slice(start, start + size)
+        parts.append(x[tuple(index)])
+        start += size
+    return _single_or_tuple(parts)
+
+
+@split_like.kernel
+def _(xp, g, *likes, axis):
+    return _split_at(g, axis, [t.shape[axis] for t in likes])
+
+
+def _concat_grads(node, grads: Sequence[Optional[Value]], axis: int) -> Value:
+    """Concatenate output gradients along ``axis``; a missing one stands for zeros."""
+    parts = [g if g is not None else zeros_like(o) for g, o in zip(grads, node.outputs)]
+    return concat(*parts, axis=axis)
+
+
+@split_like.grad
+def _(node, *grads):
+    return [_concat_grads(node, grads, node.attrs["axis"])] + [None] * (len(node.inputs) - 1)
+
+
+def _split_sizes(dim: Dim, sizes: Optional[Sequence[int]], sections: Optional[int]) -> List[Dim]:
+    if (sizes is None) == (sections is None):
+        raise ValueError("split: give exactly one of sizes= or sections=")
+    if sizes is not None:
+        if any(s < 0 for s in sizes) or not sizes:
+            raise ValueError(f"split: sizes {tuple(sizes)} must be non-negative and non-empty")
+        if dim is not None and sum(sizes) != dim:
+            raise ShapeError(f"split: sizes {tuple(sizes)} add up to {sum(sizes)}, the axis has {dim}")
+        return list(sizes)
+    if sections <= 0:
+        raise ValueError(f"split: sections must be positive, got {sections}")
+    if dim is None:
+        return [None] * sections
+    if dim % sections:
+        raise ShapeError(f"split: an axis of size {dim} does not split into {sections} equal sections")
+    return [dim // sections] * sections
+
+
+def _split_infer(types, axis, sizes, sections):
+    t = types[0]
+    ax = normalize_axis(axis, t.ndim)
+    return [TensorType(t.shape[:ax] + (d,) + t.shape[ax + 1:], t.dtype)
+            for d in _split_sizes(t.shape[ax], sizes, sections)]
+
+
+split = defop("split", pattern=INJECTIVE, view=True, infer=_split_infer,
+              num_outputs=lambda attrs, n: len(attrs["sizes"]) if attrs["sizes"] else attrs["sections"],
+              attrs={"axis": Int(0), "sizes": Ints(None), "sections": Int(None)},
+              doc="Split along axis into parts of the given sizes, or into `sections` equal parts.")
+
+
+@split.kernel
+def _(xp, x, *, axis, sizes, sections):
+    ax = axis % x.ndim
+    return _split_at(x, ax, _split_sizes(x.shape[ax], sizes, sections))
+
+
+@split.grad
+def _(node, *grads):
+    return [_concat_grads(node, grads, node.attrs["axis"])]
+
+
+def _stack_infer(types, axis):
+    shape = unify_shapes([t.shape for t in types], "stack")
+    ax = normalize_axis(axis, len(shape) + 1)
+    shape.insert(ax, len(types))
+    return TensorType(shape, result_dtype(*[t.dtype for t in types]))
+
+
+stack = defop("stack", num_inputs=(1, None), pattern=INJECTIVE, attrs={"axis": Int(0)}, infer=_stack_infer)
+
+
+@stack.kernel
+def _(xp, *xs, axis, out=None):
+    return xp.stack(xs, axis=axis, out=out)
+
+
+@stack.grad
+def _(node, g):
+    axis = node.attrs["axis"]
+    parts = split(g, axis=axis, sections=len(node.inputs))
+    parts = parts if isinstance(parts, tuple) else (parts,)
+    return [squeeze(p, axis=axis) for p in parts]
+
+
+# --------------------------------------------------------------------------- tile
+
+def _tile_layout(shape: Sequence[Dim], reps: Sequence[int]) -> Tuple[Tuple[Dim, ...], Tuple[int, ...]]:
+    """NumPy's tile alignment: the shorter of shape and reps is padded with leading ones."""
+    n = max(len(shape), len(reps))
+    return (1,) * (n - len(shape)) + tuple(shape), (1,) * (n - len(reps)) + tuple(reps)
+
+
+def _tile_infer(types, reps):
+    if any(r < 0 for r in reps):
+        raise ValueError(f"tile: negative repetitions {reps}")
+    t = types[0]
+    shape, full_reps = _tile_layout(t.shape, reps)
+    return TensorType(tuple(None if d is None else d * r for d, r in zip(shape, full_reps)), t.dtype)
+
+
+tile = defop("tile", pattern=INJECTIVE, attrs={"reps": Ints()}, infer=_tile_infer)
+
+
+@tile.kernel
+def _(xp, x, *, reps, out=None):
+    r = xp.tile(x, reps)
+    if out is None:
+        return r
+    out[...] = r
+    return out
+
+
+@tile.grad
+def _(node, g):
+    return [tile_grad(g, node.inputs[0], reps=node.attrs["reps"])]
+
+
+tile_grad = defop("tile_grad", num_inputs=2, pattern=OPAQUE, attrs={"reps": Ints()},
+                  infer=lambda types, reps: TensorType(types[1].shape, types[0].dtype),
+                  doc="Sum the tiles of g back onto the shape of x (the adjoint of tile).")
+
+
+@tile_grad.kernel
+def _(xp, g, x, *, reps, out=None):
+    shape, full_reps = _tile_layout(x.shape, reps)
+    interleaved = tuple(v for pair in zip(full_reps, shape) for v in pair)
+    summed = g.reshape(interleaved).sum(axis=tuple(range(0, len(interleaved), 2)))
+    if out is None:
+        return summed.reshape(x.shape)
+    out[...] = summed.reshape(x.shape)
+    return out
+
+
+@tile_grad.grad
+def _(node, gg):
+    return [tile(gg, reps=node.attrs["reps"]), None]
+
+
+# --------------------------------------------------------------------------- shape_of and fills
+
+shape_of = defop("shape_of", pattern=OPAQUE, differentiable=False,
+                 infer=lambda types: TensorType((types[0].ndim,), int64),
+                 doc="The shape of x as an int64 vector.")
+
+
+@shape_of.kernel
+def _(xp, x, out=None):
+    shape = xp.asarray(x.shape, dtype=xp.int64)
+    if out is None:
+        return shape
+    out[...] = shape
+    return out
 
 
 def _fill_like_infer(types, value=0.0, dtype=None):

@@ -138,6 +138,57 @@ def read_solver(path: PathLike, *, upgrade: bool = True) -> caffe_pb2.SolverPara
     return solver
 
 
+def read_net_with_lines(
+    path_or_text: PathLike, *, filename: str | None = None
+) -> tuple[caffe_pb2.NetParameter, list[int | None]]:
+    """Like `read_net` (upgraded), plus the 1-based source line of each resulting layer.
+
+    Converters quote these in errors. A layer the upgrade made up (the Input layer built from
+    net-level `input` fields) gets the line of the first `input` field; None where unknown.
+    """
+    text, name = _text_source(path_or_text, filename)
+    raw = parse_net_text(text, name)
+    net = upgrade_net(raw, source=name)
+    return net, _upgraded_layer_lines(text, raw, len(net.layer))
+
+
+def _top_level_fields(text: str) -> list[tuple[str, int]]:
+    """(field name, line) of every field written at the top level of a prototxt text."""
+    fields, depth, line, after_colon = [], 0, 1, False
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token in "{<[":
+            depth, after_colon = depth + 1, False
+        elif token in "}>]":
+            depth -= 1
+        elif token == ":":
+            after_colon = True
+        elif not token.isspace() and not token.startswith("#") and token != ",":
+            if depth == 0 and not after_colon and _IDENTIFIER.fullmatch(token):
+                fields.append((token, line))
+            after_colon = False
+        line += token.count("\n")
+    return fields
+
+
+_TOKEN = re.compile(r"""\s+|\#[^\n]*|"(?:[^"\\\n]|\\.)*"|'(?:[^'\\\n]|\\.)*'|[\w.+-]+|.""")
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+
+
+def _upgraded_layer_lines(text: str, raw: caffe_pb2.NetParameter, count: int) -> list[int | None]:
+    fields = _top_level_fields(text)
+    if raw.layers:  # V1 or V0: one `layers` entry per layer, minus V0 padding layers
+        v1_lines = [line for name, line in fields if name == "layers"]
+        lines: list[int | None] = [
+            line for line, entry in zip(v1_lines, raw.layers)
+            if not (entry.HasField("layer") and entry.layer.type == "padding")]
+    else:
+        lines = [line for name, line in fields if name == "layer"]
+    if raw.input and (raw.input_shape or raw.input_dim):
+        lines.insert(0, next((line for name, line in fields if name == "input"), None))
+    return lines if len(lines) == count else [None] * count
+
+
 def net_to_text(net: _message.Message) -> str:
     """Protobuf text format of a message (a NetParameter, usually), as Caffe writes prototxt."""
     return text_format.MessageToString(net)

@@ -18,37 +18,37 @@ import warnings
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeUpgradeError, CaffeUpgradeWarning
 
-V1 = caffe_pb2.V1LayerParameter
+_V1 = caffe_pb2.V1LayerParameter
 
 # V1 LayerType enum value -> current type string.
 V1_LAYER_TYPE_NAMES: dict[int, str] = {
-    V1.NONE: "", V1.ABSVAL: "AbsVal", V1.ACCURACY: "Accuracy", V1.ARGMAX: "ArgMax",
-    V1.BNLL: "BNLL", V1.CONCAT: "Concat", V1.CONTRASTIVE_LOSS: "ContrastiveLoss",
-    V1.CONVOLUTION: "Convolution", V1.DECONVOLUTION: "Deconvolution", V1.DATA: "Data",
-    V1.DROPOUT: "Dropout", V1.DUMMY_DATA: "DummyData", V1.EUCLIDEAN_LOSS: "EuclideanLoss",
-    V1.ELTWISE: "Eltwise", V1.EXP: "Exp", V1.FLATTEN: "Flatten", V1.HDF5_DATA: "HDF5Data",
-    V1.HDF5_OUTPUT: "HDF5Output", V1.HINGE_LOSS: "HingeLoss", V1.IM2COL: "Im2col",
-    V1.IMAGE_DATA: "ImageData", V1.INFOGAIN_LOSS: "InfogainLoss",
-    V1.INNER_PRODUCT: "InnerProduct", V1.LRN: "LRN", V1.MEMORY_DATA: "MemoryData",
-    V1.MULTINOMIAL_LOGISTIC_LOSS: "MultinomialLogisticLoss", V1.MVN: "MVN",
-    V1.POOLING: "Pooling", V1.POWER: "Power", V1.RELU: "ReLU", V1.SIGMOID: "Sigmoid",
-    V1.SIGMOID_CROSS_ENTROPY_LOSS: "SigmoidCrossEntropyLoss", V1.SILENCE: "Silence",
-    V1.SOFTMAX: "Softmax", V1.SOFTMAX_LOSS: "SoftmaxWithLoss", V1.SPLIT: "Split",
-    V1.SLICE: "Slice", V1.TANH: "TanH", V1.WINDOW_DATA: "WindowData",
-    V1.THRESHOLD: "Threshold",
+    _V1.NONE: "", _V1.ABSVAL: "AbsVal", _V1.ACCURACY: "Accuracy", _V1.ARGMAX: "ArgMax",
+    _V1.BNLL: "BNLL", _V1.CONCAT: "Concat", _V1.CONTRASTIVE_LOSS: "ContrastiveLoss",
+    _V1.CONVOLUTION: "Convolution", _V1.DECONVOLUTION: "Deconvolution", _V1.DATA: "Data",
+    _V1.DROPOUT: "Dropout", _V1.DUMMY_DATA: "DummyData", _V1.EUCLIDEAN_LOSS: "EuclideanLoss",
+    _V1.ELTWISE: "Eltwise", _V1.EXP: "Exp", _V1.FLATTEN: "Flatten", _V1.HDF5_DATA: "HDF5Data",
+    _V1.HDF5_OUTPUT: "HDF5Output", _V1.HINGE_LOSS: "HingeLoss", _V1.IM2COL: "Im2col",
+    _V1.IMAGE_DATA: "ImageData", _V1.INFOGAIN_LOSS: "InfogainLoss",
+    _V1.INNER_PRODUCT: "InnerProduct", _V1.LRN: "LRN", _V1.MEMORY_DATA: "MemoryData",
+    _V1.MULTINOMIAL_LOGISTIC_LOSS: "MultinomialLogisticLoss", _V1.MVN: "MVN",
+    _V1.POOLING: "Pooling", _V1.POWER: "Power", _V1.RELU: "ReLU", _V1.SIGMOID: "Sigmoid",
+    _V1.SIGMOID_CROSS_ENTROPY_LOSS: "SigmoidCrossEntropyLoss", _V1.SILENCE: "Silence",
+    _V1.SOFTMAX: "Softmax", _V1.SOFTMAX_LOSS: "SoftmaxWithLoss", _V1.SPLIT: "Split",
+    _V1.SLICE: "Slice", _V1.TANH: "TanH", _V1.WINDOW_DATA: "WindowData",
+    _V1.THRESHOLD: "Threshold",
 }
 
 # V0 type string -> V1 LayerType enum value ("padding" is folded away before this is used).
 V0_LAYER_TYPES: dict[str, int] = {
-    "accuracy": V1.ACCURACY, "bnll": V1.BNLL, "concat": V1.CONCAT, "conv": V1.CONVOLUTION,
-    "data": V1.DATA, "dropout": V1.DROPOUT, "euclidean_loss": V1.EUCLIDEAN_LOSS,
-    "flatten": V1.FLATTEN, "hdf5_data": V1.HDF5_DATA, "hdf5_output": V1.HDF5_OUTPUT,
-    "im2col": V1.IM2COL, "images": V1.IMAGE_DATA, "infogain_loss": V1.INFOGAIN_LOSS,
-    "innerproduct": V1.INNER_PRODUCT, "lrn": V1.LRN,
-    "multinomial_logistic_loss": V1.MULTINOMIAL_LOGISTIC_LOSS, "pool": V1.POOLING,
-    "relu": V1.RELU, "sigmoid": V1.SIGMOID, "softmax": V1.SOFTMAX,
-    "softmax_loss": V1.SOFTMAX_LOSS, "split": V1.SPLIT, "tanh": V1.TANH,
-    "window_data": V1.WINDOW_DATA,
+    "accuracy": _V1.ACCURACY, "bnll": _V1.BNLL, "concat": _V1.CONCAT, "conv": _V1.CONVOLUTION,
+    "data": _V1.DATA, "dropout": _V1.DROPOUT, "euclidean_loss": _V1.EUCLIDEAN_LOSS,
+    "flatten": _V1.FLATTEN, "hdf5_data": _V1.HDF5_DATA, "hdf5_output": _V1.HDF5_OUTPUT,
+    "im2col": _V1.IM2COL, "images": _V1.IMAGE_DATA, "infogain_loss": _V1.INFOGAIN_LOSS,
+    "innerproduct": _V1.INNER_PRODUCT, "lrn": _V1.LRN,
+    "multinomial_logistic_loss": _V1.MULTINOMIAL_LOGISTIC_LOSS, "pool": _V1.POOLING,
+    "relu": _V1.RELU, "sigmoid": _V1.SIGMOID, "softmax": _V1.SOFTMAX,
+    "softmax_loss": _V1.SOFTMAX_LOSS, "split": _V1.SPLIT, "tanh": _V1.TANH,
+    "window_data": _V1.WINDOW_DATA,
 }
 
 # Per-type parameter messages a V1 layer carries over to the V2 layer unchanged.
@@ -62,8 +62,8 @@ _V1_COPIED_PARAMS = (
 )
 
 # V1 data layers whose own params once held the transform fields.
-_DATA_LAYER_PARAMS = {V1.DATA: "data_param", V1.IMAGE_DATA: "image_data_param",
-                      V1.WINDOW_DATA: "window_data_param"}
+_DATA_LAYER_PARAMS = {_V1.DATA: "data_param", _V1.IMAGE_DATA: "image_data_param",
+                      _V1.WINDOW_DATA: "window_data_param"}
 _OLD_TRANSFORM_FIELDS = ("scale", "mean_file", "crop_size", "mirror")
 
 # V0 flat fields: (V0 field, {V0 type: (param message, field in it)}). A field set on a layer type

@@ -12,7 +12,7 @@ from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeParseError
 from cgvm.frontends.caffe.prototxt import (
     blobproto_shape, describe_fork_extension, net_to_text, parse_net_text, parse_solver_text,
-    read_blobproto, read_net, read_net_binary, read_solver, read_solver_state, write_blobproto,
+    read_blobproto, read_net, read_net_binary, read_net_with_lines, read_solver, read_solver_state, write_blobproto,
     write_net_binary, write_net_text, write_solver_state,
 )
 
@@ -364,3 +364,37 @@ def test_text_formats_seen_in_the_wild():
     assert list(net.layer[1].convolution_param.kernel_size) == [3, 3]
     assert net.layer[1].param[0].decay_mult == pytest.approx(1e-4)
     assert net.layer[1].loss_weight[0] == 0.5
+
+
+def test_layer_source_lines_for_current_v1_v0_and_input_dim_nets():
+    current = """name: "n"  # layer { in a comment }
+layer { name: "a" type: "Input" top: "x"
+        input_param { shape { dim: 1 } } }
+layer {
+  name: "weird{"  type: 'ReLU' bottom: "x" top: "y"
+}
+layer: { name: "b" type: "ReLU" bottom: "y" top: "z" include: { phase: TEST } }
+"""
+    net, lines = read_net_with_lines(current)
+    assert [l.name for l in net.layer] == ["a", "weird{", "b"] and lines == [2, 4, 7]
+    legacy = """input: "data"
+input_dim: 1 input_dim: 3 input_dim: 8 input_dim: 8
+layers { layer { name: "pad" type: "padding" pad: 1 } bottom: "data" top: "p" }
+layers { layer { name: "conv" type: "conv" num_output: 2 kernelsize: 3 }
+         bottom: "p" top: "c" }
+layers {
+  layer { name: "relu" type: "relu" } bottom: "c" top: "c" }
+"""
+    net, lines = read_net_with_lines(legacy)
+    assert [l.name for l in net.layer] == ["input", "conv", "relu"] and lines == [1, 4, 6]
+
+
+@needs_models
+def test_layer_source_lines_of_a_shipped_v1_net():
+    path = MODELS / "legacy_v1_lenet" / "lenet_train_test.prototxt"
+    net, lines = read_net_with_lines(path)
+    text = path.read_text().split("\n")
+    assert len(lines) == len(net.layer)
+    for layer, line in zip(net.layer, lines):
+        assert text[line - 1].startswith("layers")
+        assert f'name: "{layer.name}"' in text[line]

@@ -1,0 +1,125 @@
+"""``theano.shared``: variables whose storage lives in the Workspace, shared by every function.
+
+A shared variable is a parameter Value (``cgvm.ir.param_value``) bound by name to a Workspace
+entry; every compiled function reads it from there and writes its updates back there, so an
+update made by one function is seen by all. Names in the Workspace are generated to be unique
+(``W``, ``W_1``...); the user's ``name`` stays the variable's name for printing.
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ...ir.graph import param_value
+from ...ir.types import DType
+from ...ir.types import TensorType as IRType
+from ...vm.workspace import Workspace, default_workspace
+from .var import SHARED_BY_VALUE, TensorVariable, convert_input
+
+_counter = itertools.count()
+
+
+def _unique_key(ws: Workspace, name: Optional[str]) -> str:
+    base = f"theano.{name}" if name else "theano.shared"
+    if base not in ws:
+        return base
+    while True:
+        key = f"{base}_{next(_counter)}"
+        if key not in ws:
+            return key
+
+
+class SharedVariable(TensorVariable):
+    """A symbolic variable with a value held in the Workspace."""
+
+    def __init__(self, value: np.ndarray, name: Optional[str] = None, *, workspace: Optional[Workspace] = None,
+                 shape: Optional[Sequence[Optional[int]]] = None, strict: bool = False,
+                 allow_downcast: Optional[bool] = None):
+        ws = workspace if workspace is not None else default_workspace()
+        self.workspace = ws
+        self.key = _unique_key(ws, name)
+        ir_shape = tuple(shape) if shape is not None else (None,) * value.ndim
+        super().__init__(param_value(self.key, IRType(ir_shape, DType(value.dtype))), name=name)
+        ws.set(self.key, value)
+        self.strict = strict
+        self.allow_downcast = allow_downcast
+        self.default_update: Optional[TensorVariable] = None
+        SHARED_BY_VALUE[id(self._value)] = weakref.ref(self, _forget(id(self._value)))
+
+    # -- value access ------------------------------------------------------------------
+    def get_value(self, borrow: bool = False, return_internal_type: bool = False) -> Any:
+        arr = self.workspace[self.key]
+        if borrow:
+            return arr
+        return self.workspace.backend.to_numpy(arr).copy() if not return_internal_type else arr.copy()
+
+    def set_value(self, value: Any, borrow: bool = False) -> None:
+        """Store ``value`` (copied unless ``borrow``); its dtype must cast safely and its rank match."""
+        arr = convert_input(value, self._value.type, strict=self.strict, allow_downcast=self.allow_downcast,
+                            what=f"set_value of shared variable {self.name or self.key!r}")
+        if not borrow and arr is value:
+            arr = np.array(arr, copy=True)
+        self.workspace.set(self.key, arr)
+
+    @property
+    def container(self) -> "SharedVariable":
+        return self
+
+    @property
+    def storage(self) -> list:
+        return [self.get_value(borrow=True)]
+
+    def zero(self, borrow: bool = False) -> None:
+        self.set_value(np.zeros_like(self.get_value(borrow=True)), borrow=True)
+
+    def clone(self) -> "SharedVariable":
+        """A new shared variable holding a copy of the value."""
+        return shared(self.get_value(), name=self.name, workspace=self.workspace)
+
+    def __repr__(self) -> str:
+        return self.name or f"<SharedVariable {self.key}>"
+
+    __str__ = __repr__
+
+
+def _forget(value_id: int):
+    def callback(_ref) -> None:
+        SHARED_BY_VALUE.pop(value_id, None)
+    return callback
+
+
+def shared(value: Any, name: Optional[str] = None, strict: bool = False, allow_downcast: Optional[bool] = None,
+           borrow: bool = False, broadcastable: Optional[Sequence[bool]] = None,
+           shape: Optional[Sequence[Optional[int]]] = None, workspace: Optional[Workspace] = None,
+           target: Any = None) -> SharedVariable:
+    """A shared variable initialised with ``value`` (copied unless ``borrow=True``).
+
+    As in Theano, the dtype is the value's own (``shared(1.0)`` is float64, not floatX) and the
+    static shape is not inferred: every dimension may change with ``set_value`` unless
+    ``broadcastable``/``shape`` pin it.
+    """
+    if isinstance(value, SharedVariable):
+        value = value.get_value()
+    if isinstance(value, np.random.RandomState) or isinstance(value, np.random.Generator):
+        from .random import shared_rng
+
+        return shared_rng(value, name=name, workspace=workspace)
+    arr = value if borrow and isinstance(value, np.ndarray) else np.array(value, copy=True)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"shared: cannot store {type(value).__name__} of dtype {arr.dtype}")
+    dims = None
+    if shape is not None:
+        dims = tuple(shape)
+    elif broadcastable is not None:
+        dims = tuple(1 if b else None for b in broadcastable)
+    if dims is not None:
+        if len(dims) != arr.ndim or any(d is not None and d != s for d, s in zip(dims, arr.shape)):
+            raise TypeError(f"shared: value of shape {arr.shape} does not fit shape/broadcastable {dims}")
+    return SharedVariable(arr, name, workspace=workspace, shape=dims, strict=strict, allow_downcast=allow_downcast)
+
+
+def is_shared(x: Any) -> bool:
+    return isinstance(x, SharedVariable)

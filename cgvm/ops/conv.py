@@ -1,0 +1,420 @@
+"""Convolution family, NCHW with any number of spatial axes: conv, conv_transpose and their gradient ops.
+
+``conv`` is cross-correlation as in Caffe and PyTorch: weight (C_out, C_in/groups, k...).
+``conv_transpose`` is Caffe's Deconvolution / PyTorch's conv_transpose: weight (C_in, C_out/groups, k...).
+
+Attributes shared by the family (each may be one value for all spatial axes or one per axis):
+``stride`` (1), ``dilation`` (1), ``pad`` (0): one value, one per axis (symmetric), or 2·n values
+``(begin_0, ..., begin_n-1, end_0, ..., end_n-1)`` as in ONNX for asymmetric padding; ``groups`` (1).
+Output size per axis: ``floor((in + pad_begin + pad_end - (dilation·(k-1)+1)) / stride) + 1``.
+
+Kernels: im2col is an ``as_strided`` view of the zero-padded input copied once into a
+contiguous (N, groups, C/g·Πk, L) block, then one batched GEMM over (N, groups); col2im is a
+loop over kernel offsets adding strided slices (no scatter), which is what the transposed ops use.
+
+Gradients are three ops closed under differentiation (conv is bilinear in x and w):
+``conv_grad_input(g, w, x_like)`` (= conv_transpose with the output shape of x) and
+``conv_grad_weight(x, g, w_like)`` (correlation of x with g); the ``*_like`` inputs only give
+shapes, which the floor in the size rule makes unrecoverable from g alone.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, List, Optional, Sequence, Tuple
+
+from ..errors import DTypeError, ShapeError
+from ..ir.attrs import Int, Ints
+from ..ir.types import TensorType
+from . import reduce as red
+from .registry import OPAQUE, defop
+from .rules import Dim, require_float
+
+PadPairs = Tuple[Tuple[int, int], ...]
+
+
+# --------------------------------------------------------------------------- geometry helpers
+
+def spatial_values(values: Sequence[int], nsp: int, what: str, minimum: int = 1) -> Tuple[int, ...]:
+    """``values`` expanded to one entry per spatial axis (a single value applies to all axes)."""
+    if len(values) == 1:
+        values = tuple(values) * nsp
+    elif len(values) != nsp:
+        raise ShapeError(f"{what} has {len(values)} values; give 1 or {nsp} (one per spatial axis)")
+    for v in values:
+        if v < minimum:
+            raise ShapeError(f"{what} must be at least {minimum}, got {tuple(values)}")
+    return tuple(values)
+
+
+def pad_pairs(pad: Sequence[int], nsp: int) -> PadPairs:
+    """(begin, end) padding per spatial axis from 1, n (symmetric) or 2·n (begins then ends) values."""
+    pad = tuple(pad)
+    if any(p < 0 for p in pad):
+        raise ShapeError(f"pad must not be negative, got {pad}")
+    if len(pad) == 1:
+        return ((pad[0], pad[0]),) * nsp
+    if len(pad) == nsp:
+        return tuple((p, p) for p in pad)
+    if len(pad) == 2 * nsp:
+        return tuple(zip(pad[:nsp], pad[nsp:]))
+    raise ShapeError(f"pad has {len(pad)} values; give 1, {nsp} (symmetric per axis) or {2 * nsp} "
+                     f"(begins then ends)")
+
+
+def conv_out_size(n: Dim, k: Dim, stride: int, dilation: int, pads: Tuple[int, int]) -> Dim:
+    """Convolution output length on one axis (floor rule); None when unknown."""
+    if n is None or k is None:
+        return None
+    span = n + pads[0] + pads[1] - (dilation * (k - 1) + 1)
+    if span < 0:
+        raise ShapeError(f"kernel {k} (dilation {dilation}) is larger than the padded input {n}+{pads[0]}+{pads[1]}")
+    return span // stride + 1
+
+
+def _prod(values: Sequence[int]) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
+
+
+class ConvGeometry:
+    """Attributes normalised for a given number of spatial axes."""
+
+    __slots__ = ("nsp", "stride", "dilation", "pads", "groups")
+
+    def __init__(self, nsp: int, stride: Sequence[int], pad: Sequence[int], dilation: Sequence[int], groups: int):
+        self.nsp = nsp
+        self.stride = spatial_values(stride, nsp, "stride")
+        self.dilation = spatial_values(dilation, nsp, "dilation")
+        self.pads = pad_pairs(pad, nsp)
+        if groups < 1:
+            raise ShapeError(f"groups must be at least 1, got {groups}")
+        self.groups = groups
+
+    def out_sizes(self, in_sizes: Sequence[Dim], ksize: Sequence[Dim]) -> Tuple[Dim, ...]:
+        return tuple(conv_out_size(n, k, s, d, p) for n, k, s, d, p in
+                     zip(in_sizes, ksize, self.stride, self.dilation, self.pads))
+
+    def offset_slices(self, ksize: Sequence[int], out_sizes: Sequence[int]) -> List[Tuple[Tuple[int, ...], tuple]]:
+        """For each kernel offset (row-major), the strided slice of the padded input it reads."""
+        result = []
+        for kk in itertools.product(*[range(k) for k in ksize]):
+            sl = tuple(slice(k * d, k * d + (o - 1) * s + 1, s)
+                       for k, d, o, s in zip(kk, self.dilation, out_sizes, self.stride))
+            result.append((kk, (slice(None), slice(None)) + sl))
+        return result
+
+
+def _geometry(ndim: int, attrs: dict) -> ConvGeometry:
+    return ConvGeometry(ndim - 2, attrs["stride"], attrs["pad"], attrs["dilation"], attrs["groups"])
+
+
+def pad_input(xp: Any, x: Any, pads: PadPairs, fill: float = 0) -> Any:
+    """``x`` with its spatial axes padded by ``pads`` (x itself when there is no padding)."""
+    if not any(b or e for b, e in pads):
+        return x
+    shape = x.shape[:2] + tuple(n + b + e for n, (b, e) in zip(x.shape[2:], pads))
+    buf = xp.full(shape, fill, dtype=x.dtype) if fill else xp.zeros(shape, dtype=x.dtype)
+    buf[(slice(None), slice(None)) + tuple(slice(b, b + n) for n, (b, _) in zip(x.shape[2:], pads))] = x
+    return buf
+
+
+def crop_padding(acc: Any, pads: PadPairs, in_sizes: Sequence[int]) -> Any:
+    """The unpadded interior of a padded buffer (a view)."""
+    return acc[(slice(None), slice(None)) + tuple(slice(b, b + n) for n, (b, _) in zip(in_sizes, pads))]
+
+
+def _windows(xp: Any, xpad: Any, ksize: Sequence[int], out_sizes: Sequence[int], geo: ConvGeometry) -> Any:
+    """Strided view (N, C, k..., out...) of the padded input: element [n, c, k, p] = xpad[n, c, p·s + k·d]."""
+    sp = xpad.strides[2:]
+    shape = tuple(xpad.shape[:2]) + tuple(ksize) + tuple(out_sizes)
+    strides = tuple(xpad.strides[:2]) + tuple(st * d for st, d in zip(sp, geo.dilation)) + \
+        tuple(st * s for st, s in zip(sp, geo.stride))
+    return xp.lib.stride_tricks.as_strided(xpad, shape=shape, strides=strides)
+
+
+def _is_pointwise(ksize: Sequence[int], geo: ConvGeometry) -> bool:
+    return all(k == 1 for k in ksize) and all(s == 1 for s in geo.stride) and not any(b or e for b, e in geo.pads)
+
+
+def _store(xp: Any, result: Any, out: Optional[Any]) -> Any:
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _bias_shape(nsp: int, channels: int) -> Tuple[int, ...]:
+    return (1, channels) + (1,) * nsp
+
+
+# --------------------------------------------------------------------------- kernels (array-module generic)
+
+def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, out: Optional[Any] = None) -> Any:
+    """y = conv(x, w) + b via im2col and one batched GEMM (depthwise convs take a slice-sum path)."""
+    n, c = x.shape[:2]
+    o, cg = w.shape[:2]
+    ksize = w.shape[2:]
+    g = geo.groups
+    out_sizes = geo.out_sizes(x.shape[2:], ksize)
+    shape = (n, o) + out_sizes
+    length = _prod(out_sizes)
+    if out is None or not out.flags.c_contiguous:
+        target = xp.empty(shape, dtype=x.dtype)
+    else:
+        target = out
+    if cg == 1 and o == g and g > 1:
+        # depthwise: one multiply-add of a shifted slice per kernel offset beats N·C tiny GEMMs
+        xpad = pad_input(xp, x, geo.pads)
+        wflat = w.reshape(o, -1)
+        tmp = xp.empty(shape, dtype=x.dtype)
+        for i, (_, sl) in enumerate(geo.offset_slices(ksize, out_sizes)):
+            coef = wflat[:, i].reshape(_bias_shape(geo.nsp, o))
+            if i == 0:
+                xp.multiply(xpad[sl], coef, out=target)
+            else:
+                xp.multiply(xpad[sl], coef, out=tmp)
+                target += tmp
+    else:
+        if _is_pointwise(ksize, geo):
+            cols = x.reshape(n, g, cg, length)
+        else:
+            view = _windows(xp, pad_input(xp, x, geo.pads), ksize, out_sizes, geo)
+            cols = xp.ascontiguousarray(view).reshape(n, g, cg * _prod(ksize), length)
+        wmat = w.reshape(g, o // g, -1)
+        xp.matmul(wmat, cols, out=target.reshape(n, g, o // g, length))
+    if b is not None:
+        target += b.reshape(_bias_shape(geo.nsp, o))
+    return target if target is out or out is None else _store(xp, target, out)
+
+
+def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: ConvGeometry,
+                        out: Optional[Any] = None) -> Any:
+    """dx for y = conv(x, w): GEMM to columns, then col2im as strided slice additions."""
+    n, o = g.shape[:2]
+    out_sizes = tuple(g.shape[2:])
+    cg = w.shape[1]
+    ksize = tuple(w.shape[2:])
+    groups = geo.groups
+    c = cg * groups
+    length = _prod(out_sizes)
+    shape = (n, c) + tuple(in_sizes)
+    wmat_t = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)
+    gmat = xp.ascontiguousarray(g).reshape(n, groups, o // groups, length)
+    if _is_pointwise(ksize, geo) and tuple(in_sizes) == out_sizes:
+        if out is not None and out.flags.c_contiguous:
+            xp.matmul(wmat_t, gmat, out=out.reshape(n, groups, cg, length))
+            return out
+        return xp.matmul(wmat_t, gmat).reshape(shape)
+    cols = xp.matmul(wmat_t, gmat).reshape((n, c) + ksize + out_sizes)
+    no_pad = not any(b or e for b, e in geo.pads)
+    if no_pad and out is not None:
+        acc = out
+        acc[...] = 0
+    else:
+        acc = xp.zeros((n, c) + tuple(s + b + e for s, (b, e) in zip(in_sizes, geo.pads)), dtype=g.dtype)
+    lead = (slice(None), slice(None))
+    for kk, sl in geo.offset_slices(ksize, out_sizes):
+        acc[sl] += cols[lead + kk]
+    if no_pad:
+        return acc if out is None or acc is out else _store(xp, acc, out)
+    return _store(xp, crop_padding(acc, geo.pads, in_sizes), out) if out is not None else \
+        xp.ascontiguousarray(crop_padding(acc, geo.pads, in_sizes))
+
+
+def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: ConvGeometry,
+                         out: Optional[Any] = None) -> Any:
+    """dw for y = conv(x, w): per group, g (O/g, N·L) times the columns of x (N·L, C/g·Πk)."""
+    n, c = x.shape[:2]
+    o = g.shape[1]
+    groups = geo.groups
+    out_sizes = tuple(g.shape[2:])
+    nsp = geo.nsp
+    length = n * _prod(out_sizes)
+    view = _windows(xp, pad_input(xp, x, geo.pads), ksize, out_sizes, geo)
+    # (C, k..., N, out...) so that each group's columns are one contiguous (C/g·Πk, N·L) matrix
+    order = (1,) + tuple(range(2, 2 + nsp)) + (0,) + tuple(range(2 + nsp, 2 + 2 * nsp))
+    cols = xp.ascontiguousarray(view.transpose(order)).reshape(groups, -1, length)
+    gmat = xp.ascontiguousarray(xp.moveaxis(g, 1, 0)).reshape(groups, o // groups, length)
+    shape = (o, c // groups) + tuple(ksize)
+    if out is not None and out.flags.c_contiguous:
+        xp.matmul(gmat, cols.transpose(0, 2, 1), out=out.reshape(groups, o // groups, -1))
+        return out
+    return _store(xp, xp.matmul(gmat, cols.transpose(0, 2, 1)).reshape(shape), out)
+
+
+# --------------------------------------------------------------------------- type rules
+
+_CONV_ATTRS = {"stride": Ints(1), "pad": Ints(0), "dilation": Ints(1), "groups": Int(1)}
+
+
+def _check_operands(types: Sequence[TensorType], names: Sequence[str]) -> None:
+    for t, name in zip(types, names):
+        require_float(t, name)
+    first = types[0].dtype
+    for t, name in zip(types[1:], names[1:]):
+        if t.dtype is not first:
+            raise DTypeError(f"{name} has dtype {t.dtype}, but the input is {first}; cast one of them")
+    x = types[0]
+    if x.ndim < 2:
+        raise ShapeError(f"input must be (N, C, spatial...), got rank {x.ndim}")
+    if types[1].ndim != x.ndim:
+        raise ShapeError(f"weight must have rank {x.ndim} (out, in/groups, kernel...) like the input, "
+                         f"got rank {types[1].ndim}")
+
+
+def _check_groups(channels: Dim, groups: int, what: str) -> None:
+    if channels is not None and channels % groups:
+        raise ShapeError(f"{what} ({channels}) is not divisible by groups={groups}")
+
+
+def _check_bias(types: Sequence[TensorType], out_channels: Dim) -> None:
+    if len(types) < 3:
+        return
+    b = types[2]
+    if b.ndim != 1 or (b.shape[0] is not None and out_channels is not None and b.shape[0] != out_channels):
+        raise ShapeError(f"bias must have shape ({out_channels},), got {b.shape}")
+
+
+def _conv_infer(types, stride, pad, dilation, groups):
+    _check_operands(types, ["conv input", "conv weight", "conv bias"])
+    x, w = types[0], types[1]
+    geo = ConvGeometry(x.ndim - 2, stride, pad, dilation, groups)
+    c, o, cg = x.shape[1], w.shape[0], w.shape[1]
+    _check_groups(c, groups, "input channels")
+    _check_groups(o, groups, "output channels")
+    if c is not None and cg is not None and c != cg * groups:
+        raise ShapeError(f"weight {w.shape} expects {cg * groups} input channels (C_in/groups={cg}, "
+                         f"groups={groups}), but the input has {c}")
+    _check_bias(types, o)
+    return TensorType((x.shape[0], o) + geo.out_sizes(x.shape[2:], w.shape[2:]), x.dtype)
+
+
+def _transpose_out_size(n: Dim, k: Dim, s: int, d: int, pads: Tuple[int, int], extra: int) -> Dim:
+    if n is None or k is None:
+        return None
+    size = (n - 1) * s + d * (k - 1) + 1 - pads[0] - pads[1] + extra
+    if size < 1:
+        raise ShapeError(f"output size {size} is not positive (input {n}, kernel {k}, stride {s}, pads {pads})")
+    return size
+
+
+def _conv_transpose_infer(types, stride, pad, dilation, groups, output_padding):
+    _check_operands(types, ["conv_transpose input", "conv_transpose weight", "conv_transpose bias"])
+    x, w = types[0], types[1]
+    geo = ConvGeometry(x.ndim - 2, stride, pad, dilation, groups)
+    extra = spatial_values(output_padding, geo.nsp, "output_padding", minimum=0)
+    for e, s in zip(extra, geo.stride):
+        if e >= s:
+            raise ShapeError(f"output_padding {extra} must be smaller than the stride {geo.stride}")
+    c, cw = x.shape[1], w.shape[0]
+    _check_groups(c, groups, "input channels")
+    if c is not None and cw is not None and c != cw:
+        raise ShapeError(f"weight {w.shape} expects {cw} input channels (weight layout is "
+                         f"(C_in, C_out/groups, k...)), but the input has {c}")
+    o = None if w.shape[1] is None else w.shape[1] * groups
+    _check_bias(types, o)
+    sizes = tuple(_transpose_out_size(n, k, s, d, p, e) for n, k, s, d, p, e in
+                  zip(x.shape[2:], w.shape[2:], geo.stride, geo.dilation, geo.pads, extra))
+    return TensorType((x.shape[0], o) + sizes, x.dtype)
+
+
+def _like_infer(types, stride, pad, dilation, groups):
+    """Gradient ops: the result has the shape of the third (shape-only) input and the dtype of the first."""
+    for t, name in zip(types[:2], ("gradient", "weight")):
+        require_float(t, name)
+    ConvGeometry(types[0].ndim - 2, stride, pad, dilation, groups)
+    return types[2].with_dtype(types[0].dtype)
+
+
+# --------------------------------------------------------------------------- ops
+
+conv = defop("conv", num_inputs=(2, 3), pattern=OPAQUE, attrs=dict(_CONV_ATTRS), infer=_conv_infer,
+             doc="N-d cross-correlation (Caffe Convolution): x (N, C, s...), w (O, C/groups, k...), optional b (O,).")
+
+
+@conv.kernel
+def _(xp, x, w, b=None, *, stride, pad, dilation, groups, out=None):
+    return conv_forward(xp, x, w, b, ConvGeometry(x.ndim - 2, stride, pad, dilation, groups), out)
+
+
+def _bias_grad(g, nsp: int):
+    return red.sum(g, axis=(0,) + tuple(range(2, 2 + nsp)))
+
+
+@conv.grad
+def _(node, g):
+    x, w = node.inputs[:2]
+    attrs = dict(node.attrs)
+    grads = [conv_grad_input(g, w, x, **attrs), conv_grad_weight(x, g, w, **attrs)]
+    if len(node.inputs) == 3:
+        grads.append(_bias_grad(g, x.ndim - 2))
+    return grads
+
+
+conv_grad_input = defop("conv_grad_input", num_inputs=3, pattern=OPAQUE, attrs=dict(_CONV_ATTRS),
+                        infer=_like_infer,
+                        doc="Gradient of conv wrt its input: (g, w, x_like) -> dx of x_like's shape.")
+
+
+@conv_grad_input.kernel
+def _(xp, g, w, x_like, *, stride, pad, dilation, groups, out=None):
+    geo = ConvGeometry(g.ndim - 2, stride, pad, dilation, groups)
+    return conv_backward_input(xp, g, w, x_like.shape[2:], geo, out)
+
+
+@conv_grad_input.grad
+def _(node, gg):
+    g, w, x_like = node.inputs
+    attrs = dict(node.attrs)
+    # <gg, B_x^T(g; w)> = <B(gg, w), g>: linear in g through conv, in w through conv_grad_weight
+    return [conv(gg, w, **attrs), conv_grad_weight(gg, g, w, **attrs), None]
+
+
+conv_grad_weight = defop("conv_grad_weight", num_inputs=3, pattern=OPAQUE, attrs=dict(_CONV_ATTRS),
+                         infer=_like_infer,
+                         doc="Gradient of conv wrt its weight: (x, g, w_like) -> dw of w_like's shape.")
+
+
+@conv_grad_weight.kernel
+def _(xp, x, g, w_like, *, stride, pad, dilation, groups, out=None):
+    geo = ConvGeometry(x.ndim - 2, stride, pad, dilation, groups)
+    return conv_backward_weight(xp, x, g, w_like.shape[2:], geo, out)
+
+
+@conv_grad_weight.grad
+def _(node, gg):
+    x, g, w_like = node.inputs
+    attrs = dict(node.attrs)
+    # <gg, B_w^T(x; g)> = <B(x, gg), g>
+    return [conv_grad_input(g, gg, x, **attrs), conv(x, gg, **attrs), None]
+
+
+conv_transpose = defop("conv_transpose", num_inputs=(2, 3), pattern=OPAQUE,
+                       attrs=dict(_CONV_ATTRS, output_padding=Ints(0)), infer=_conv_transpose_infer,
+                       doc="Transposed convolution (Caffe Deconvolution): x (N, C_in, s...), "
+                           "w (C_in, C_out/groups, k...), optional b (C_out,).")
+
+
+@conv_transpose.kernel
+def _(xp, x, w, b=None, *, stride, pad, dilation, groups, output_padding, out=None):
+    geo = ConvGeometry(x.ndim - 2, stride, pad, dilation, groups)
+    extra = spatial_values(output_padding, geo.nsp, "output_padding", minimum=0)
+    sizes = tuple(_transpose_out_size(n, k, s, d, p, e) for n, k, s, d, p, e in
+                  zip(x.shape[2:], w.shape[2:], geo.stride, geo.dilation, geo.pads, extra))
+    y = conv_backward_input(xp, x, w, sizes, geo, out)
+    if b is not None:
+        y += b.reshape(_bias_shape(geo.nsp, b.shape[0]))
+    return y
+
+
+@conv_transpose.grad
+def _(node, g):
+    x, w = node.inputs[:2]
+    attrs = {k: v for k, v in node.attrs.items() if k != "output_padding"}
+    # conv_transpose(x; w) = B_x^T(x; w) for the conv B that maps g's shape back to x's shape
+    grads = [conv(g, w, **attrs), conv_grad_weight(g, x, w, **attrs)]
+    if len(node.inputs) == 3:
+        grads.append(_bias_grad(g, x.ndim - 2))
+    return grads

@@ -1,0 +1,171 @@
+"""scan and cond: values against plain NumPy loops, BPTT gradients against numeric ones, laziness."""
+import numpy as np
+import pytest
+
+import cgvm
+from cgvm.errors import ShapeError
+from cgvm.ir import Graph, TensorType, input_value
+from cgvm.ops import control as C
+from cgvm.ops import elementwise as E
+from cgvm.ops import reduce as R
+from harness import numeric_grad
+
+F64 = "float64"
+
+
+def vec(name, n=3, dtype=F64):
+    return input_value(TensorType((n,), dtype), name)
+
+
+def rnn_body():
+    xt, hp, w, u = vec("xt"), vec("hp"), vec("w"), vec("u")
+    ht = E.tanh(E.add(E.mul(xt, w), E.mul(hp, u)))
+    return Graph([xt, hp, w, u], [ht, E.mul(ht, ht)], name="rnn")
+
+
+def rnn_reference(X, H0, W, U, backwards=False):
+    h, hs, ys = H0, [], []
+    order = range(X.shape[0] - 1, -1, -1) if backwards else range(X.shape[0])
+    for t in order:
+        h = np.tanh(X[t] * W + h * U)
+        hs.append(h)
+        ys.append(h * h)
+    return h, np.stack(hs), np.stack(ys)
+
+
+def rnn_inputs(steps=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((steps, 3)), rng.standard_normal(3), rng.standard_normal(3), rng.standard_normal(3)]
+
+
+def symbolic():
+    return [input_value(TensorType((None, 3), F64), "X"), vec("H0"), vec("W"), vec("U")]
+
+
+@pytest.mark.parametrize("backwards", [False, True])
+def test_scan_values(backend, backwards):
+    syms = symbolic()
+    outs = C.scan(*syms, body=rnn_body(), n_seqs=1, n_carry=1, go_backwards=backwards)
+    f = cgvm.compile(syms, list(outs), workspace=cgvm.Workspace(backend))
+    vals = rnn_inputs()
+    got = f(*vals)
+    for g, w in zip(got, rnn_reference(*vals, backwards=backwards)):
+        np.testing.assert_allclose(cgvm.get_backend(backend).to_numpy(g), w, rtol=1e-12)
+    assert f.graph.nodes[0].op.name == "scan"
+
+
+@pytest.mark.parametrize("backwards", [False, True])
+def test_scan_bptt_gradient(backwards):
+    syms = symbolic()
+    hT, Hs, Ys = C.scan(*syms, body=rnn_body(), n_seqs=1, n_carry=1, go_backwards=backwards)
+    cost = E.add(R.sum(Ys), R.sum(E.mul(hT, hT)))
+    f = cgvm.compile(syms, [cost] + cgvm.grad(cost, syms))
+    vals = rnn_inputs()
+
+    def ref(v):
+        h, _, ys = rnn_reference(*v, backwards=backwards)
+        return float(ys.sum() + (h * h).sum())
+
+    got = f(*vals)
+    assert abs(float(got[0]) - ref(vals)) < 1e-12
+    for k in range(4):
+        np.testing.assert_allclose(got[k + 1], numeric_grad(ref, vals, k, 1e-6), rtol=1e-6, atol=1e-8)
+
+
+def test_scan_truncated_gradient():
+    syms = symbolic()
+    _, _, Ys = C.scan(*syms, body=rnn_body(), n_seqs=1, n_carry=1, truncate=2)
+    cost = R.sum(Ys)
+    f = cgvm.compile(syms, cgvm.grad(cost, syms))
+    gX, gH0, gW, gU = f(*rnn_inputs(steps=6))
+    assert np.all(gX[:4] == 0) and np.any(gX[4:] != 0)
+    assert np.all(gH0 == 0)
+
+
+def test_scan_second_derivative():
+    syms = symbolic()
+    hT, _, _ = C.scan(*syms, body=rnn_body(), n_seqs=1, n_carry=1)
+    cost = R.sum(E.mul(hT, hT))
+    gW = cgvm.grad(cost, syms[2])
+    f1 = cgvm.compile(syms, R.sum(gW))
+    f2 = cgvm.compile(syms, cgvm.grad(R.sum(gW), syms[2]))
+    vals = rnn_inputs(steps=4)
+    num = numeric_grad(lambda v: float(f1(*v)), vals, 2, 1e-5)
+    np.testing.assert_allclose(f2(*vals), num, rtol=1e-5, atol=1e-7)
+
+
+def test_scan_until_stops_early_and_gradient_pads():
+    x, acc = input_value(TensorType((), F64), "x"), input_value(TensorType((), F64), "acc")
+    new = E.add(acc, x)
+    body = Graph([x, acc], [new, R.sum(E.mul(new, 1.0)), E.gt(new, 3.0)] if hasattr(E, "gt") else [], name="acc")
+    if not hasattr(E, "gt"):
+        pytest.skip("comparison ops not yet available")
+    X, A0 = input_value(TensorType((None,), F64), "X"), input_value(TensorType((), F64), "A0")
+    final, stack, ys = C.scan(X, A0, body=body, n_seqs=1, n_carry=1, has_until=True)
+    f = cgvm.compile([X, A0], [final, stack, R.sum(ys)] + cgvm.grad(R.sum(ys), [X]))
+    fin, st, total, gX = f(np.array([1.0, 1.5, 2.0, 5.0, 1.0]), np.array(0.0))
+    np.testing.assert_allclose(st, [1.0, 2.5, 4.5])  # stopped after the step where acc > 3
+    assert float(fin) == 4.5 and float(total) == 8.0
+    np.testing.assert_allclose(gX, [3.0, 2.0, 1.0, 0.0, 0.0])
+
+
+def test_scan_n_steps_without_sequences():
+    h = input_value(TensorType((2,), F64), "h")
+    body = Graph([h], [E.mul(h, 2.0)], name="double")
+    H0 = input_value(TensorType((2,), F64), "H0")
+    final, stack = C.scan(H0, body=body, n_carry=1, n_steps=3)
+    f = cgvm.compile([H0], [final, stack])
+    fin, st = f(np.array([1.0, -1.0]))
+    np.testing.assert_allclose(fin, [8.0, -8.0])
+    np.testing.assert_allclose(st, [[2, -2], [4, -4], [8, -8]])
+
+
+def test_scan_rejects_mismatched_body():
+    X = input_value(TensorType((None, 3), F64), "X")
+    with pytest.raises(ShapeError, match="test_control.py"):
+        C.scan(X, vec("H0", 4), vec("W"), vec("U"), body=rnn_body(), n_seqs=1, n_carry=1)
+
+
+def test_cond_is_lazy_and_differentiable(backend):
+    a = input_value(TensorType((), F64), "a")
+    calls = []
+
+    then_g = Graph([a], [E.mul(a, a)], name="square")
+    else_g = Graph([a], [E.neg(a)], name="negate")
+    p = input_value(TensorType((), "bool"), "p")
+    z = C.cond(p, a, then_graph=then_g, else_graph=else_g)
+    f = cgvm.compile([p, a], [z, cgvm.grad(z, a)], workspace=cgvm.Workspace(backend))
+    to_np = cgvm.get_backend(backend).to_numpy
+    assert [float(to_np(v)) for v in f(np.array(True), np.array(3.0))] == [9.0, 6.0]
+    assert [float(to_np(v)) for v in f(np.array(False), np.array(3.0))] == [-3.0, -1.0]
+    del calls
+
+
+def test_cond_runs_only_the_taken_branch():
+    # the untaken branch would fail at run time (shape mismatch in a reshape-like op), so it must not run
+    a = input_value(TensorType((None,), F64), "a")
+    bad = input_value(TensorType((None,), F64), "b")
+    then_g = Graph([a, bad], [E.add(a, 1.0)], name="ok")
+    else_g = Graph([a, bad], [E.add(a, bad)], name="fails_if_run")
+    p = input_value(TensorType((), "bool"), "p")
+    f = cgvm.compile([p, a, bad], C.cond(p, a, bad, then_graph=then_g, else_graph=else_g))
+    np.testing.assert_allclose(f(np.array(True), np.ones(3), np.ones(2)), [2, 2, 2])
+    with pytest.raises(cgvm.errors.ShapeError, match="fails_if_run|test_control.py"):
+        f(np.array(False), np.ones(3), np.ones(2))
+
+
+def test_loop_invariant_work_is_hoisted():
+    xt, hp, w, u = vec("xt"), vec("hp"), vec("w"), vec("u")
+    w2 = E.exp(E.mul(w, 2.0))  # reads only a non-sequence: should run once, outside the loop
+    body = Graph([xt, hp, w, u], [E.tanh(E.add(E.mul(xt, w2), E.mul(hp, u)))], name="rnn")
+    syms = symbolic()
+    final, stack = C.scan(*syms, body=body, n_seqs=1, n_carry=1)
+    f = cgvm.compile(syms, final)
+    scan_node = next(n for n in f.graph.nodes if n.op.name == "scan")
+    assert [n.op.name for n in scan_node.attrs["body"].nodes].count("exp") == 0
+    assert any(n.op.name == "exp" for n in f.graph.nodes)
+    X, H0, W, U = rnn_inputs()
+    h = H0
+    for t in range(X.shape[0]):
+        h = np.tanh(X[t] * np.exp(2 * W) + h * U)
+    np.testing.assert_allclose(f(X, H0, W, U), h, rtol=1e-12)
