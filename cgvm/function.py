@@ -8,6 +8,7 @@ and written to the Workspace after all outputs.
 """
 from __future__ import annotations
 
+import builtins
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -23,8 +24,10 @@ from .vm.workspace import Workspace, default_workspace
 class SubgraphRuntime:
     """Compiles sub-graphs (scan bodies, cond branches) the same way, for the same workspace."""
 
-    def __init__(self, workspace: Workspace, *, plan: bool = True, inplace: bool = True, debug: bool = False):
+    def __init__(self, workspace: Workspace, *, plan: bool = True, inplace: bool = True, debug: bool = False,
+                 engine: str = "threaded"):
         self.workspace = workspace
+        self.engine = engine
         self.debug = debug
         self.planner = (lambda prog, types: plan_memory(prog, types, inplace=inplace)) if plan else None
         self._cache: Dict[int, Any] = {}
@@ -34,7 +37,8 @@ class SubgraphRuntime:
         if hit is not None and hit[0] is graph:
             return hit[1]
         program = generate(run_passes(graph, debug=self.debug))
-        exe = Executable(program, self.workspace, planner=self.planner, infer=infer_slot_types, runtime=self)
+        exe = Executable(program, self.workspace, planner=self.planner, infer=infer_slot_types, runtime=self,
+                         engine=self.engine)
         self._cache[id(graph)] = (graph, exe.run)
         return exe.run
 
@@ -46,7 +50,7 @@ class Function:
                  updates: Optional[Mapping[Any, Value]] = None, workspace: Optional[Workspace] = None,
                  backend: Any = None, passes: Optional[Sequence[str]] = None, plan: bool = True,
                  inplace: bool = True, debug: bool = False, print_after: Iterable[str] = (),
-                 name: str = "function"):
+                 engine: str = "threaded", name: str = "function"):
         self.single = isinstance(outputs, Value)
         outs = [outputs] if self.single else list(outputs)
         self.workspace = workspace if workspace is not None else (
@@ -66,28 +70,46 @@ class Function:
         self.source_graph = graph
         self.graph = run_passes(graph, passes=passes, debug=debug, print_after=print_after)
         self.program = generate(self.graph)
-        self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug)
+        self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
         self.executable = Executable(self.program, self.workspace, planner=self.runtime.planner,
-                                     infer=infer_slot_types, runtime=self.runtime)
+                                     infer=infer_slot_types, runtime=self.runtime, engine=engine)
         self._asarray = self.workspace.backend.asarray
         self._array_type = self.workspace.backend.xp.ndarray
         self._in_dtypes = [v.dtype.np for v in graph.inputs]
+        self._call = self._make_caller()
 
     def __call__(self, *args: Any) -> Any:
-        if len(args) != len(self._in_dtypes):
-            raise InputError(f"{self.program.name} takes {len(self._in_dtypes)} inputs, got {len(args)}")
-        arrays = [a if type(a) is self._array_type and a.dtype == d else self._convert(i, a)
-                  for i, (a, d) in enumerate(zip(args, self._in_dtypes))]
-        results = self.executable.run(arrays)
-        arr_t = self._array_type
-        if not all(type(r) is arr_t for r in results):  # NumPy hands back scalars for 0-d reductions
-            results = [r if type(r) is arr_t else self._asarray(r) for r in results]
-        if self.update_names:
-            data = self.workspace
-            for name, value in zip(self.update_names, results[self.n_outputs:]):
-                data.set(name, value)
-            results = results[:self.n_outputs]
-        return results[0] if self.single else results
+        try:
+            return self._call(*args)
+        except TypeError:
+            if len(args) != len(self._in_dtypes):
+                raise InputError(f"{self.program.name} takes {len(self._in_dtypes)} inputs, "
+                                 f"got {len(args)}") from None
+            raise
+
+    def _make_caller(self) -> Any:
+        """A call path specialized to this function's arity, outputs and updates (no loops per call)."""
+        n = len(self._in_dtypes)
+        names = [f"a{i}" for i in range(n)]
+        env: Dict[str, Any] = {"_nd": self._array_type, "_conv": self._convert, "_ws": self.workspace,
+                               "_get": self.executable.frames.get, "_prepare": self.executable.frame_for}
+        lines = [f"def call({', '.join(names)}):"]
+        for i, a in enumerate(names):
+            env[f"_d{i}"] = self._in_dtypes[i]
+            lines.append(f"    if {a}.__class__ is not _nd or {a}.dtype is not _d{i}: {a} = _conv({i}, {a})")
+        key = "".join(f"{a}.shape, " for a in names)
+        lines.append(f"    fr = _get(({key}_ws.shape_epoch))")
+        lines.append(f"    if fr is None: fr = _prepare([{', '.join(names)}])")
+        lines.append(f"    r = fr.run({', '.join(names)})")
+        for k, name in enumerate(self.update_names):
+            env[f"_u{k}"] = name
+            lines.append(f"    _ws.set(_u{k}, r[{self.n_outputs + k}])")
+        if self.single:
+            lines.append("    return r[0]")
+        else:
+            lines.append(f"    return list(r[:{self.n_outputs}])" if self.update_names else "    return list(r)")
+        exec(builtins.compile("\n".join(lines), f"<cgvm call {self.program.name}>", "exec"), env)
+        return env["call"]
 
     def _convert(self, i: int, a: Any) -> Any:
         want = self._in_dtypes[i]
@@ -100,11 +122,11 @@ class Function:
         return arr
 
     def dis(self) -> str:
-        frames = list(self.executable.frames().values())
+        frames = list(self.executable.frames.values())
         return dis(self.program, frames[-1].plan if frames else None)
 
     def memory_plans(self) -> Dict[Any, Any]:
-        return {k: f.plan for k, f in self.executable.frames().items()}
+        return {k: f.plan for k, f in self.executable.frames.items()}
 
     def __repr__(self) -> str:
         return f"<Function {self.program.name}: {len(self.graph.nodes)} nodes>"

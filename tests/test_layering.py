@@ -104,7 +104,14 @@ def all_imports() -> List[Import]:
 
 
 def _within(name: str, prefixes: Sequence[str]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
+    """Whether module ``name`` is one of ``prefixes`` or inside one; "pkg.*" means strictly inside pkg."""
+    for p in prefixes:
+        if p.endswith(".*"):
+            if name.startswith(p[:-1]):
+                return True
+        elif name == p or name.startswith(p + "."):
+            return True
+    return False
 
 
 class Rule(NamedTuple):
@@ -131,20 +138,9 @@ RULES = [
          why="backends run kernels and know nothing of graphs"),
     Rule("cgvm.vm", forbidden=("cgvm.compiler", "cgvm.function", "cgvm.frontends"),
          why="the VM runs programs; it does not compile them"),
-    Rule("cgvm.frontends", forbidden=("cgvm.vm.interpreter", "cgvm.vm.bytecode", "cgvm.compiler.codegen",
-                                      "cgvm.compiler.cse", "cgvm.compiler.fold", "cgvm.compiler.memory",
-                                      "cgvm.compiler.passes", "cgvm.compiler.prune", "cgvm.compiler.rewrite"),
+    Rule("cgvm.frontends", forbidden=("cgvm.vm.interpreter", "cgvm.vm.bytecode", "cgvm.compiler.*"),
          why="frontends never touch the VM's or the compiler's internals"),
 ]
-
-
-def _frontend_rule_covers_every_compiler_submodule() -> List[str]:
-    """Compiler submodules added later are internals too; the frontend rule must name them all."""
-    compiler = PACKAGE_DIR / "compiler"
-    subs = {f"cgvm.compiler.{p.stem}" for p in compiler.glob("*.py") if p.stem != "__init__"}
-    subs |= {f"cgvm.compiler.{p.parent.name}" for p in compiler.glob("*/__init__.py")}
-    frontend_rule = next(r for r in RULES if r.layer == "cgvm.frontends")
-    return sorted(subs - set(frontend_rule.forbidden))
 
 
 def violations(imports: Sequence[Import]) -> List[str]:
@@ -168,7 +164,7 @@ def test_the_parser_sees_the_imports_we_know_of():
 
 
 def test_resolution_of_relative_and_package_imports():
-    text = ("from ...vm import interpreter\nfrom ..compiler import prune\nfrom cgvm.compiler import passes\n"
+    text = ("from ...vm import interpreter\nfrom ...compiler import prune\nfrom cgvm.compiler import passes\n"
             "import cgvm.vm.bytecode\nfrom ... import vm\nimport numpy\nfrom . import prototxt\n")
     found = list(imports_in(text, "cgvm.frontends.caffe.probe", Path("cgvm/frontends/caffe/probe.py")))
     assert [i.target for i in found] == ["cgvm.vm.interpreter", "cgvm.compiler", "cgvm.compiler.passes",
@@ -177,11 +173,6 @@ def test_resolution_of_relative_and_package_imports():
     assert len(reported) == 3, reported
     assert reported[0].startswith("cgvm/frontends/caffe/probe.py:1: cgvm.frontends.caffe.probe imports "
                                   "cgvm.vm.interpreter")
-
-
-def test_frontend_rule_names_every_compiler_submodule():
-    missing = _frontend_rule_covers_every_compiler_submodule()
-    assert not missing, f"add {missing} to the forbidden list of the cgvm.frontends rule in this file"
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.layer)

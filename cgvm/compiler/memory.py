@@ -79,7 +79,8 @@ def plan_memory(program: Program, types: Sequence[TensorType], *, inplace: bool 
 
     for ins in calls:
         if program.nodes[ins.node].op.view:
-            parent[find(ins.results[0])] = find(ins.args[0])
+            for r in ins.results:  # every output of a view op (split) may alias input 0
+                parent[find(r)] = find(ins.args[0])
     external = {find(s) for s in program.output_slots}
     external.update(find(s) for s in program.input_slots)
     external.update(find(s) for _, s in program.param_slots)

@@ -152,7 +152,7 @@ def _bias_shape(nsp: int, channels: int) -> Tuple[int, ...]:
 # --------------------------------------------------------------------------- kernels (array-module generic)
 
 def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, out: Optional[Any] = None) -> Any:
-    """y = conv(x, w) + b via im2col and one batched GEMM (depthwise convs take a slice-sum path)."""
+    """y = conv(x, w) + b via im2col and one batched GEMM over (N, groups)."""
     n, c = x.shape[:2]
     o, cg = w.shape[:2]
     ksize = w.shape[2:]
@@ -164,26 +164,12 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
         target = xp.empty(shape, dtype=x.dtype)
     else:
         target = out
-    if cg == 1 and o == g and g > 1:
-        # depthwise: one multiply-add of a shifted slice per kernel offset beats N·C tiny GEMMs
-        xpad = pad_input(xp, x, geo.pads)
-        wflat = w.reshape(o, -1)
-        tmp = xp.empty(shape, dtype=x.dtype)
-        for i, (_, sl) in enumerate(geo.offset_slices(ksize, out_sizes)):
-            coef = wflat[:, i].reshape(_bias_shape(geo.nsp, o))
-            if i == 0:
-                xp.multiply(xpad[sl], coef, out=target)
-            else:
-                xp.multiply(xpad[sl], coef, out=tmp)
-                target += tmp
+    if _is_pointwise(ksize, geo):
+        cols = x.reshape(n, g, cg, length)
     else:
-        if _is_pointwise(ksize, geo):
-            cols = x.reshape(n, g, cg, length)
-        else:
-            view = _windows(xp, pad_input(xp, x, geo.pads), ksize, out_sizes, geo)
-            cols = xp.ascontiguousarray(view).reshape(n, g, cg * _prod(ksize), length)
-        wmat = w.reshape(g, o // g, -1)
-        xp.matmul(wmat, cols, out=target.reshape(n, g, o // g, length))
+        view = _windows(xp, pad_input(xp, x, geo.pads), ksize, out_sizes, geo)
+        cols = xp.ascontiguousarray(view).reshape(n, g, cg * _prod(ksize), length)
+    xp.matmul(w.reshape(g, o // g, -1), cols, out=target.reshape(n, g, o // g, length))
     if b is not None:
         target += b.reshape(_bias_shape(geo.nsp, o))
     return target if target is out or out is None else _store(xp, target, out)
@@ -197,30 +183,38 @@ def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: C
     cg = w.shape[1]
     ksize = tuple(w.shape[2:])
     groups = geo.groups
-    c = cg * groups
+    og = o // groups
     length = _prod(out_sizes)
-    shape = (n, c) + tuple(in_sizes)
-    wmat_t = w.reshape(groups, o // groups, -1).transpose(0, 2, 1)
-    gmat = xp.ascontiguousarray(g).reshape(n, groups, o // groups, length)
+    shape = (n, cg * groups) + tuple(in_sizes)
+    gmat = xp.ascontiguousarray(g).reshape(n, groups, og, length)
     if _is_pointwise(ksize, geo) and tuple(in_sizes) == out_sizes:
+        wmat_t = w.reshape(groups, og, cg).transpose(0, 2, 1)
         if out is not None and out.flags.c_contiguous:
             xp.matmul(wmat_t, gmat, out=out.reshape(n, groups, cg, length))
             return out
         return xp.matmul(wmat_t, gmat).reshape(shape)
-    cols = xp.matmul(wmat_t, gmat).reshape((n, c) + ksize + out_sizes)
+    kcount = _prod(ksize)
+    # columns ordered (N, groups, kernel offset, C/g, L): each offset's block is contiguous for col2im
+    wmat_t = xp.moveaxis(w.reshape(groups, og, cg, kcount), 1, 3).reshape(groups, kcount * cg, og)
+    if og == 1:  # depthwise-like: an outer product, which a GEMM with inner size 1 does slowly
+        cols = wmat_t * gmat
+    else:
+        cols = xp.matmul(wmat_t, gmat)
+    cols = cols.reshape((n, groups, kcount, cg) + out_sizes)
     no_pad = not any(b or e for b, e in geo.pads)
-    if no_pad and out is not None:
+    if no_pad and out is not None and out.flags.c_contiguous:
         acc = out
         acc[...] = 0
     else:
-        acc = xp.zeros((n, c) + tuple(s + b + e for s, (b, e) in zip(in_sizes, geo.pads)), dtype=g.dtype)
-    lead = (slice(None), slice(None))
-    for kk, sl in geo.offset_slices(ksize, out_sizes):
-        acc[sl] += cols[lead + kk]
-    if no_pad:
-        return acc if out is None or acc is out else _store(xp, acc, out)
-    return _store(xp, crop_padding(acc, geo.pads, in_sizes), out) if out is not None else \
-        xp.ascontiguousarray(crop_padding(acc, geo.pads, in_sizes))
+        acc = xp.zeros(shape[:2] + tuple(s + b + e for s, (b, e) in zip(in_sizes, geo.pads)), dtype=g.dtype)
+    grouped = acc.reshape((n, groups, cg) + acc.shape[2:])
+    for i, (_, sl) in enumerate(geo.offset_slices(ksize, out_sizes)):
+        view = grouped[(slice(None),) + sl]
+        xp.add(view, cols[:, :, i], out=view)
+    if acc is out:
+        return out
+    result = acc if no_pad else crop_padding(acc, geo.pads, in_sizes)
+    return _store(xp, result, out) if out is not None else xp.ascontiguousarray(result)
 
 
 def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: ConvGeometry,

@@ -46,4 +46,4 @@ def _(xp, x, *, lower, upper):
 
 @grad_clip.grad
 def _(node, g):
-    return [ew.clip(g, lower=node.attrs["lower"], upper=node.attrs["upper"])]
+    return [ew.clip(g, lo=node.attrs["lower"], hi=node.attrs["upper"])]

@@ -328,19 +328,22 @@ sum_to_like = defop("sum_to_like", num_inputs=2, pattern=REDUCE, infer=_sum_to_l
 
 @sum_to_like.kernel
 def _(xp, g, x, out=None):
+    # sum_to_like is not a view op: without `out` it must hand back a fresh array, never g itself,
+    # because g's buffer may be planned and reused after g dies
     shape = x.shape
-    if g.shape == shape:
-        if out is None:
-            return g
-        out[...] = g
-        return out
     lead = g.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(i + lead for i, d in enumerate(shape) if d == 1 and g.shape[i + lead] != 1)
-    r = xp.sum(g, axis=axes, keepdims=True) if axes else g
-    r = r.reshape(shape)
+    if not axes:
+        return g.reshape(shape).copy() if out is None else _assign_reshaped(out, g)
+    r = xp.sum(g, axis=axes, keepdims=True).reshape(shape)
     if out is None:
         return r
     out[...] = r
+    return out
+
+
+def _assign_reshaped(out, value):
+    out[...] = value.reshape(out.shape)
     return out
 
 

@@ -2,80 +2,96 @@
 
 Loading binds every CALL's kernel for the backend with its attributes, once. For each new
 signature of input (and parameter) shapes a Frame is prepared: slot types inferred, memory
-planned, buffers allocated, and the instructions lowered to flat tuples the run loop
-unpacks without any look-up. A failing instruction re-raises as ExecutionError with the
-program counter, its disassembly and the node's source.
+planned, buffers allocated, and the instructions lowered for fast execution, either to flat
+tuples for the loop interpreter (``engine="loop"``: the simple one, easy to subclass and
+trace) or to threaded code (``engine="threaded"``, the default: see threaded.py). A failing
+instruction re-raises with the program counter, its disassembly and the node's source.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..errors import CgvmError, ExecutionError, InputError
 from ..ir.types import DType, TensorType
 from .bytecode import CALL, FREE, Program
+from .threaded import lower
 from .workspace import Workspace
 
-# lowered instruction kinds
+# lowered instruction kinds of the loop interpreter
 _FREE, _U, _B, _UO, _BO, _N = 0, 1, 2, 3, 4, 5
 
 Planner = Callable[[Program, Sequence[TensorType]], Any]
+ENGINES = ("threaded", "loop")
 
 
 class Frame:
-    """Everything one input signature needs: lowered code, register template, planned buffers."""
+    """What one input signature needs: slot types, memory plan, buffers and the runnable code."""
 
-    __slots__ = ("code", "template", "types", "plan", "buffers", "busy")
+    __slots__ = ("run", "types", "plan", "buffers", "code", "line_pc")
 
-    def __init__(self, code, template, types, plan, buffers):
-        self.code = code
-        self.template = template
+    def __init__(self, run, types, plan, buffers, code=None, line_pc=None):
+        self.run = run            # run(*inputs) -> tuple of outputs
         self.types = types
         self.plan = plan
         self.buffers = buffers
-        self.busy = False
+        self.code = code          # loop engine: lowered tuples
+        self.line_pc = line_pc    # threaded engine: line number -> pc
 
 
 class Executable:
-    """A Program loaded for one backend and workspace. Call ``run(args)`` for a list of results."""
+    """A Program loaded for one backend and workspace. ``run(args)`` returns the list of outputs."""
 
     def __init__(self, program: Program, workspace: Workspace, *, planner: Optional[Planner] = None,
-                 infer: Optional[Callable] = None, runtime: Any = None):
+                 infer: Optional[Callable] = None, runtime: Any = None, engine: str = "threaded"):
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.program = program
         self.workspace = workspace
         self.backend = workspace.backend
+        self.engine = engine
         xp = self.backend.xp
-        overrides = self.backend.overrides
-        self.kernels = [node.op.bind(xp, node.attrs, overrides, runtime) for node in program.nodes]
+        self.kernels = [node.op.bind(xp, node.attrs, self.backend.overrides, runtime) for node in program.nodes]
         self.planner = planner
         self.infer = infer
-        self._frames: Dict[Any, Frame] = {}
-        self._consts = [(s, self.backend.asarray(a)) for s, a in program.const_slots]
-        self._in_types = [program.slot_types[s] for s in program.input_slots]
+        self.frames: Dict[Any, Frame] = {}
+        self._consts = {s: self.backend.asarray(a) for s, a in program.const_slots}
 
     # -- preparation per signature ------------------------------------------------
-    def frame_for(self, args: Sequence[Any], params: Sequence[Any]) -> Frame:
-        key = (tuple((a.shape, a.dtype) for a in args), self.workspace.shape_epoch)
-        frame = self._frames.get(key)
+    def key(self, args: Sequence[Any]) -> tuple:
+        return tuple(a.shape for a in args) + (self.workspace.shape_epoch,)
+
+    def frame_for(self, args: Sequence[Any]) -> Frame:
+        key = self.key(args)
+        frame = self.frames.get(key)
         if frame is None:
-            frame = self._frames[key] = self._prepare(args, params)
+            frame = self.frames[key] = self.prepare(args)
         return frame
 
-    def _prepare(self, args: Sequence[Any], params: Sequence[Any]) -> Frame:
+    def _param_arrays(self) -> List[Any]:
+        data = self.workspace._data
+        missing = [name for name, _ in self.program.param_slots if name not in data]
+        if missing:
+            raise InputError(f"{self.program.name}: the workspace has no tensor {missing[0]!r}; "
+                             "initialize the parameter before calling")
+        return [data[name] for name, _ in self.program.param_slots]
+
+    def prepare(self, args: Sequence[Any]) -> Frame:
         prog = self.program
+        if len(args) != len(prog.input_slots):
+            raise InputError(f"{prog.name} takes {len(prog.input_slots)} inputs, got {len(args)}")
         known: Dict[int, TensorType] = {}
         for i, (s, a) in enumerate(zip(prog.input_slots, args)):
             want = prog.slot_types[s]
             t = TensorType(a.shape, DType(a.dtype))
             if not want.accepts(a.shape, t.dtype):
-                raise InputError(f"{prog.name}: input {i} ({prog.slot_names[s]}) must be {want!r}, "
-                                 f"got {t!r}")
+                raise InputError(f"{prog.name}: input {i} ({prog.slot_names[s]}) must be {want!r}, got {t!r}")
             known[s] = t
-        for (name, s), p in zip(prog.param_slots, params):
+        for (name, s), p in zip(prog.param_slots, self._param_arrays()):
             want = prog.slot_types[s]
             t = TensorType(p.shape, DType(p.dtype))
             if want.ndim != t.ndim or want.dtype is not t.dtype:
-                raise InputError(f"{prog.name}: workspace tensor {name!r} is {t!r}; the program "
-                                 f"was built for {want!r}")
+                raise InputError(f"{prog.name}: workspace tensor {name!r} is {t!r}; the program was built "
+                                 f"for {want!r}")
             known[s] = t
         types = self.infer(prog, known) if self.infer else list(prog.slot_types)
         plan = self.planner(prog, types) if self.planner else None
@@ -87,28 +103,55 @@ class Executable:
                 if sid is not None and s not in plan.aliases:
                     t = types[s]
                     views[s] = buffers[sid][:t.nbytes].view(t.dtype.np).reshape(t.shape)
-        template: List[Any] = [None] * prog.n_slots
-        for s, a in self._consts:
-            template[s] = a
-        code = self._lower(views, plan)
-        return Frame(code, template, types, plan, buffers)
+        scalar_outputs = [s for s in prog.output_slots if types[s].ndim == 0]
+        if self.engine == "threaded":
+            run, line_pc = lower(prog, self.kernels, views, self._consts, scalar_outputs,
+                                 self.backend.xp.asarray, self.workspace._data)
+            return Frame(self._guard_threaded(run, line_pc), types, plan, buffers, line_pc=line_pc)
+        code = self._lower_loop(views)
+        return Frame(self._loop_runner(code, scalar_outputs), types, plan, buffers, code=code)
 
-    def _lower(self, views: Dict[int, Any], plan: Any) -> list:
+    # -- threaded engine ---------------------------------------------------------
+    def _guard_threaded(self, run: Callable, line_pc: Dict[int, int]) -> Callable:
+        code = run.__code__
+
+        def guarded(*args):
+            try:
+                return run(*args)
+            except Exception as exc:
+                tb = exc.__traceback__
+                while tb is not None and tb.tb_frame.f_code is not code:
+                    tb = tb.tb_next
+                if tb is None:
+                    raise
+                pc = line_pc.get(tb.tb_lineno)
+                if pc is None:
+                    raise
+                if pc < 0:
+                    raise InputError(f"{self.program.name}: the workspace has no tensor "
+                                     f"{self.program.slot_names[-1 - pc]!r}") from None
+                local = tb.tb_frame.f_locals
+                regs = {int(k[1:]): v for k, v in local.items() if k[:1] in "sc" and k[1:].isdigit()}
+                regs.update(self._consts)
+                raise self._error(pc, exc, regs) from exc
+        guarded.__wrapped__ = run
+        return guarded
+
+    # -- loop engine ---------------------------------------------------------------
+    def _lower_loop(self, views: Dict[int, Any]) -> list:
         prog = self.program
-        planned = set(views)
         code = []
         for pc, ins in enumerate(prog.instrs):
             if ins.opcode == FREE:
-                slots = tuple(s for s in ins.args if s not in planned)
+                slots = tuple(s for s in ins.args if s not in views and s not in self._consts)
                 if slots:
                     code.append((_FREE, None, slots, None, None, pc))
                 continue
             if ins.opcode != CALL:
                 continue
             fn = self.kernels[ins.node]
-            op = prog.nodes[ins.node].op
             args, res = ins.args, ins.results
-            buf = views.get(res[0]) if len(res) == 1 and not op.view else None
+            buf = views.get(res[0]) if len(res) == 1 else None
             if len(res) == 1 and len(args) == 1:
                 code.append((_U, fn, args[0], None, res[0], pc) if buf is None else (_UO, fn, args[0], buf, res[0], pc))
             elif len(res) == 1 and len(args) == 2:
@@ -117,32 +160,30 @@ class Executable:
                 code.append((_N, fn, args, buf, res, pc))
         return code
 
-    # -- running -------------------------------------------------------------------
-    def run(self, args: Sequence[Any]) -> List[Any]:
-        """Results of the program for input arrays ``args`` (already of this backend)."""
+    def _loop_runner(self, code: list, scalar_outputs: Sequence[int]) -> Callable:
         prog = self.program
+        template: List[Any] = [None] * prog.n_slots
+        for s, a in self._consts.items():
+            template[s] = a
         data = self.workspace._data
-        try:
-            params = [data[name] for name, _ in prog.param_slots]
-        except KeyError as exc:
-            raise InputError(f"{prog.name}: workspace {self.workspace!r} has no tensor {exc.args[0]!r}; "
-                             "initialize the parameter first") from None
-        frame = self.frame_for(args, params)
-        if frame.busy:  # re-entered (recursion or another thread): run without the planned buffers
-            frame = self._prepare(args, params)
-        r = frame.template[:]
-        for s, a in zip(prog.input_slots, args):
-            r[s] = a
-        for (_, s), p in zip(prog.param_slots, params):
-            r[s] = p
-        frame.busy = True
-        try:
-            self._loop(frame.code, r)
-        finally:
-            frame.busy = False
-        return [r[s] for s in prog.output_slots]
+        params = prog.param_slots
+        inputs = prog.input_slots
+        outputs = prog.output_slots
+        asarray = self.backend.xp.asarray
+        scalars = set(scalar_outputs)
 
-    def _loop(self, code: list, r: list) -> None:
+        def run(*args):
+            r = template[:]
+            for s, a in zip(inputs, args):
+                r[s] = a
+            for name, s in params:
+                r[s] = data[name]
+            self.interpret(code, r)
+            return tuple(asarray(r[s]) if s in scalars else r[s] for s in outputs)
+        return run
+
+    def interpret(self, code: list, r: list) -> None:
+        """The loop interpreter over lowered tuples; subclass and override to trace or instrument."""
         ins = None
         try:
             for ins in code:
@@ -168,24 +209,27 @@ class Executable:
         except Exception as exc:
             if ins is None:
                 raise
-            raise self._error(ins[-1], exc, r) from exc
+            raise self._error(ins[-1], exc, dict(enumerate(r))) from exc
 
-    def _error(self, pc: int, exc: Exception, r: list) -> Exception:
+    # -- running -------------------------------------------------------------------
+    def run(self, args: Sequence[Any]) -> List[Any]:
+        """Outputs of the program for input arrays ``args`` (arrays of this backend, program dtypes)."""
+        frame = self.frames.get(self.key(args))
+        if frame is None:
+            frame = self.frame_for(args)
+        return list(frame.run(*args))
+
+    def _error(self, pc: int, exc: Exception, regs: Dict[int, Any]) -> Exception:
         prog = self.program
         ins = prog.instrs[pc]
-        node = prog.nodes[ins.node]
-        got = ", ".join(_describe(r[s]) for s in ins.args)
-        msg = (f"{type(exc).__name__} in {prog.name} at {prog.where(pc)}\n  inputs: {got}\n  "
-               f"{exc}")
+        got = ", ".join(_describe(regs.get(s)) for s in ins.args)
+        msg = f"{type(exc).__name__} in {prog.name} at {prog.where(pc)}\n  inputs: {got}\n  {exc}"
         if isinstance(exc, CgvmError) and not isinstance(exc, ExecutionError):
             return type(exc)(msg)
         err = ExecutionError(msg)
         err.pc = pc
-        err.node = node
+        err.node = prog.nodes[ins.node]
         return err
-
-    def frames(self) -> Dict[Any, Frame]:
-        return self._frames
 
 
 def _describe(x: Any) -> str:

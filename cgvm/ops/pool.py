@@ -1,0 +1,438 @@
+"""Pooling, NCHW with any number of spatial axes: max_pool, avg_pool, their global forms, and gradient ops.
+
+Attributes: ``kernel`` (one value or one per spatial axis), ``stride`` (default: the kernel),
+``pad`` (1, n symmetric, or 2·n values ``(begins..., ends...)``; each must be smaller than the
+kernel, as Caffe requires), ``ceil_mode`` (False: floor rule).
+
+Output size per axis: ``floor((in + pad_begin + pad_end - k) / stride) + 1``, or with
+``ceil_mode`` Caffe's rule: ``ceil(...) + 1``, then ``out -= 1`` if ``(out-1)·stride >= in + pad_begin``
+(the last window must start inside the image or its left padding). Caffe applies the clip only
+when pad > 0; without padding it only matters when stride > kernel, where Caffe would produce an
+empty window, so here it always applies (as PyTorch does).
+
+Max pooling ignores padding (-inf padding); ties go to the first maximum in row-major window
+order, as in Caffe. ``return_mask`` adds Caffe's top[1]: the argmax as a flat index into the
+(n, c) spatial plane. Average pooling divides by the window clipped to the padded extent
+(in + pads), so padding counts but the ceil-mode overhang does not (Caffe, PyTorch's
+count_include_pad); ``count_include_pad=False`` divides by the in-image part only.
+
+Kernels loop over the kernel offsets, each one strided slice of the padded input, so the work
+is Πk passes over the output; gradients add the same slices back (col2im without scatter).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..ir.attrs import Bool, Ints
+from ..ir.types import TensorType, int64
+from .conv import PadPairs, crop_padding, pad_pairs, spatial_values
+from .registry import OPAQUE, REDUCE, defop
+from .rules import Dim, require_float
+
+# --------------------------------------------------------------------------- geometry
+
+
+def pool_out_size(n: Dim, k: int, s: int, pads: Tuple[int, int], ceil_mode: bool) -> Dim:
+    """Pooling output length on one axis (floor, or Caffe's ceil with the clipped last window)."""
+    if n is None:
+        return None
+    span = n + pads[0] + pads[1] - k
+    if span < 0:
+        raise ShapeError(f"pooling kernel {k} is larger than the padded input {n}+{pads[0]}+{pads[1]}")
+    if not ceil_mode:
+        return span // s + 1
+    out = -(-span // s) + 1
+    if (out - 1) * s >= n + pads[0]:
+        out -= 1
+    return out
+
+
+class PoolGeometry:
+    """Pooling attributes normalised for a given number of spatial axes."""
+
+    __slots__ = ("nsp", "kernel", "stride", "pads", "ceil_mode")
+
+    def __init__(self, nsp: int, kernel: Sequence[int], stride: Optional[Sequence[int]], pad: Sequence[int],
+                 ceil_mode: bool):
+        self.nsp = nsp
+        self.kernel = spatial_values(kernel, nsp, "kernel")
+        self.stride = spatial_values(self.kernel if stride is None else stride, nsp, "stride")
+        self.pads: PadPairs = pad_pairs(pad, nsp)
+        for k, (b, e) in zip(self.kernel, self.pads):
+            if b >= k or e >= k:
+                raise ShapeError(f"pad {tuple(pad)} must be smaller than the kernel {self.kernel}")
+        self.ceil_mode = ceil_mode
+
+    def out_sizes(self, in_sizes: Sequence[Dim]) -> Tuple[Dim, ...]:
+        return tuple(pool_out_size(n, k, s, p, self.ceil_mode)
+                     for n, k, s, p in zip(in_sizes, self.kernel, self.stride, self.pads))
+
+    def extent(self, in_sizes: Sequence[int], out_sizes: Sequence[int]) -> Tuple[int, ...]:
+        """Padded size covering every window (ceil mode may run past the end padding)."""
+        return tuple(max(n + b + e, (o - 1) * s + k)
+                     for n, (b, e), o, s, k in zip(in_sizes, self.pads, out_sizes, self.stride, self.kernel))
+
+    def offsets(self) -> List[Tuple[int, ...]]:
+        return list(itertools.product(*[range(k) for k in self.kernel]))
+
+    def offset_slices(self, out_sizes: Sequence[int]) -> List[tuple]:
+        """For each kernel offset (row-major), the strided slice of the padded input it reads."""
+        return [(slice(None), slice(None)) + tuple(slice(k, k + (o - 1) * s + 1, s)
+                                                   for k, o, s in zip(kk, out_sizes, self.stride))
+                for kk in self.offsets()]
+
+    def divisor(self, in_sizes: Sequence[int], out_sizes: Sequence[int], include_pad: bool) -> np.ndarray:
+        """Averaging divisor per output position (spatial shape), as float64 NumPy."""
+        total = np.ones((), dtype=np.float64)
+        for d, (n, k, s, (b, e), o) in enumerate(zip(in_sizes, self.kernel, self.stride, self.pads, out_sizes)):
+            start = np.arange(o) * s - b
+            if include_pad:
+                count = np.minimum(start + k, n + e) - start
+            else:
+                count = np.minimum(start + k, n) - np.maximum(start, 0)
+            total = np.multiply.outer(total, count)
+        return total
+
+
+def _geometry(x_ndim: int, attrs: dict) -> PoolGeometry:
+    return PoolGeometry(x_ndim - 2, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["ceil_mode"])
+
+
+def _lowest(dtype: Any) -> Any:
+    """The value padding takes in max pooling: it never wins against a real element."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return -np.inf
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min
+    return False
+
+
+def _pad_to(xp: Any, x: Any, geo: PoolGeometry, extent: Sequence[int], fill: Any) -> Any:
+    """x placed at the begin padding of a buffer of the given spatial extent, filled with ``fill``."""
+    if tuple(x.shape[2:]) == tuple(extent) and not any(b for b, _ in geo.pads):
+        return x
+    buf = xp.full(tuple(x.shape[:2]) + tuple(extent), fill, dtype=x.dtype)
+    buf[(slice(None), slice(None)) + tuple(slice(b, b + n) for n, (b, _) in zip(x.shape[2:], geo.pads))] = x
+    return buf
+
+
+def _store(result: Any, out: Optional[Any]) -> Any:
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _window_argmax(xp: Any, x: Any, geo: PoolGeometry) -> Tuple[Any, Any, Tuple[int, ...]]:
+    """(max, offset index of the first max in row-major window order, output sizes)."""
+    out_sizes = geo.out_sizes(x.shape[2:])
+    xpad = _pad_to(xp, x, geo, geo.extent(x.shape[2:], out_sizes), _lowest(x.dtype))
+    slices = geo.offset_slices(out_sizes)
+    best = xpad[slices[0]].copy()
+    index = xp.zeros(best.shape, dtype=xp.intp)
+    for i, sl in enumerate(slices[1:], 1):
+        cand = xpad[sl]
+        better = cand > best  # strict: an equal later value does not take over (Caffe's tie rule)
+        xp.copyto(index, i, where=better)
+        xp.copyto(best, cand, where=better)
+    return best, index, out_sizes
+
+
+def _scatter_windows(xp: Any, parts: Any, x_shape: Sequence[int], geo: PoolGeometry, out: Optional[Any]) -> Any:
+    """col2im for pooling: ``parts(i)`` is the contribution of offset i; summed into an x-shaped result."""
+    in_sizes = tuple(x_shape[2:])
+    out_sizes = geo.out_sizes(in_sizes)
+    acc = xp.zeros(tuple(x_shape[:2]) + geo.extent(in_sizes, out_sizes), dtype=parts(None).dtype)
+    for i, sl in enumerate(geo.offset_slices(out_sizes)):
+        view = acc[sl]
+        xp.add(view, parts(i), out=view)
+    result = crop_padding(acc, geo.pads, in_sizes)
+    return _store(result, out) if out is not None else xp.ascontiguousarray(result)
+
+
+# --------------------------------------------------------------------------- type rules
+
+_POOL_ATTRS = {"kernel": Ints(), "stride": Ints(None), "pad": Ints(0), "ceil_mode": Bool(False)}
+_AVG_ATTRS = dict(_POOL_ATTRS, count_include_pad=Bool(True))
+
+
+def _check_input(t: TensorType, what: str) -> None:
+    if t.ndim < 3:
+        raise ShapeError(f"{what} input must be (N, C, spatial...) with at least one spatial axis, got rank {t.ndim}")
+    if t.dtype.is_bool:
+        raise ShapeError(f"{what} needs a numeric input, got {t!r}")
+
+
+def _pooled_type(t: TensorType, geo: PoolGeometry) -> TensorType:
+    return TensorType(t.shape[:2] + geo.out_sizes(t.shape[2:]), t.dtype)
+
+
+def _max_pool_infer(types, kernel, stride, pad, ceil_mode, return_mask):
+    x = types[0]
+    _check_input(x, "max_pool")
+    y = _pooled_type(x, PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode))
+    return [y, y.with_dtype(int64)] if return_mask else y
+
+
+def _avg_pool_infer(types, kernel, stride, pad, ceil_mode, count_include_pad):
+    x = types[0]
+    _check_input(x, "avg_pool")
+    require_float(x, "avg_pool input")
+    return _pooled_type(x, PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode))
+
+
+def _x_shaped(types, **attrs):
+    """(x, g) -> x's shape with g's dtype (the max-pool routing op)."""
+    x, g = types
+    _check_input(x, "max_pool_grad")
+    PoolGeometry(x.ndim - 2, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["ceil_mode"])
+    return x.with_dtype(g.dtype)
+
+
+def _y_shaped(types, **attrs):
+    """(x, v) -> pooled shape of x with v's dtype (the max-pool gather op)."""
+    x, v = types
+    _check_input(x, "max_pool_select")
+    geo = PoolGeometry(x.ndim - 2, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["ceil_mode"])
+    return _pooled_type(x, geo).with_dtype(v.dtype)
+
+
+def _avg_grad_infer(types, **attrs):
+    g, x_like = types
+    _check_input(x_like, "avg_pool_grad")
+    PoolGeometry(x_like.ndim - 2, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["ceil_mode"])
+    return x_like.with_dtype(g.dtype)
+
+
+def _pool_attrs(node) -> dict:
+    return {k: node.attrs[k] for k in _POOL_ATTRS}
+
+
+# --------------------------------------------------------------------------- max pooling
+
+max_pool = defop("max_pool", num_inputs=1, pattern=OPAQUE, attrs=dict(_POOL_ATTRS, return_mask=Bool(False)),
+                 num_outputs=lambda attrs, n: 2 if attrs["return_mask"] else 1, infer=_max_pool_infer,
+                 doc="Max pooling (Caffe Pooling MAX); with return_mask also the argmax as a flat in-plane index.")
+
+
+@max_pool.kernel
+def _(xp, x, *, kernel, stride, pad, ceil_mode, return_mask, out=None):
+    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
+    if return_mask:
+        best, index, out_sizes = _window_argmax(xp, x, geo)
+        return best, _flat_mask(xp, index, x.shape[2:], out_sizes, geo)
+    out_sizes = geo.out_sizes(x.shape[2:])
+    xpad = _pad_to(xp, x, geo, geo.extent(x.shape[2:], out_sizes), _lowest(x.dtype))
+    slices = geo.offset_slices(out_sizes)
+    target = xp.empty(x.shape[:2] + out_sizes, dtype=x.dtype) if out is None else out
+    target[...] = xpad[slices[0]]
+    for sl in slices[1:]:
+        xp.maximum(target, xpad[sl], out=target)
+    return target
+
+
+def _flat_mask(xp: Any, index: Any, in_sizes: Sequence[int], out_sizes: Sequence[int], geo: PoolGeometry) -> Any:
+    """Offset indices turned into flat positions h·W + w within the unpadded (n, c) plane."""
+    plane_strides = [int(np.prod(in_sizes[d + 1:], dtype=np.int64)) for d in range(len(in_sizes))]
+    base = np.zeros((), dtype=np.int64)
+    for o, s, (b, _), st in zip(out_sizes, geo.stride, geo.pads, plane_strides):
+        base = np.add.outer(base, (np.arange(o) * s - b) * st)
+    offset_flat = np.array([sum(k * st for k, st in zip(kk, plane_strides)) for kk in geo.offsets()], dtype=np.int64)
+    return xp.asarray(base) + xp.take(xp.asarray(offset_flat), index)
+
+
+@max_pool.grad
+def _(node, g, *_mask_grad):
+    return [None if g is None else max_pool_grad(node.inputs[0], g, **_pool_attrs(node))]
+
+
+max_pool_grad = defop("max_pool_grad", num_inputs=2, pattern=OPAQUE, attrs=dict(_POOL_ATTRS), infer=_x_shaped,
+                      doc="Gradient of max_pool: (x, g) -> g routed to each window's first argmax in x.")
+
+
+@max_pool_grad.kernel
+def _(xp, x, g, *, kernel, stride, pad, ceil_mode, out=None):
+    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
+    _, index, _ = _window_argmax(xp, x, geo)
+    zero = xp.zeros((), dtype=g.dtype)
+
+    def routed(i):
+        return g if i is None else xp.where(index == i, g, zero)
+    return _scatter_windows(xp, routed, x.shape, geo, out)
+
+
+@max_pool_grad.grad
+def _(node, gg):
+    return [None, max_pool_select(node.inputs[0], gg, **_pool_attrs(node))]
+
+
+max_pool_select = defop("max_pool_select", num_inputs=2, pattern=OPAQUE, attrs=dict(_POOL_ATTRS), infer=_y_shaped,
+                        doc="(x, v) -> v read at each window's first argmax in x (adjoint of max_pool_grad).")
+
+
+@max_pool_select.kernel
+def _(xp, x, v, *, kernel, stride, pad, ceil_mode, out=None):
+    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
+    _, index, out_sizes = _window_argmax(xp, x, geo)
+    vpad = _pad_to(xp, v, geo, geo.extent(x.shape[2:], out_sizes), 0)
+    target = xp.zeros(x.shape[:2] + out_sizes, dtype=v.dtype) if out is None else out
+    for i, sl in enumerate(geo.offset_slices(out_sizes)):
+        xp.copyto(target, vpad[sl], where=index == i)
+    return target
+
+
+@max_pool_select.grad
+def _(node, gg):
+    return [None, max_pool_grad(node.inputs[0], gg, **_pool_attrs(node))]
+
+
+# --------------------------------------------------------------------------- average pooling
+
+avg_pool = defop("avg_pool", num_inputs=1, pattern=OPAQUE, attrs=dict(_AVG_ATTRS), infer=_avg_pool_infer,
+                 doc="Average pooling (Caffe Pooling AVE): padding counts in the divisor unless count_include_pad=False.")
+
+
+def _reciprocal(xp: Any, geo: PoolGeometry, in_sizes: Sequence[int], out_sizes: Sequence[int], include_pad: bool,
+                dtype: Any) -> Any:
+    return xp.asarray((1.0 / geo.divisor(in_sizes, out_sizes, include_pad)).astype(dtype))
+
+
+@avg_pool.kernel
+def _(xp, x, *, kernel, stride, pad, ceil_mode, count_include_pad, out=None):
+    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
+    in_sizes = x.shape[2:]
+    out_sizes = geo.out_sizes(in_sizes)
+    xpad = _pad_to(xp, x, geo, geo.extent(in_sizes, out_sizes), 0)
+    slices = geo.offset_slices(out_sizes)
+    target = xp.empty(x.shape[:2] + out_sizes, dtype=x.dtype) if out is None else out
+    target[...] = xpad[slices[0]]
+    for sl in slices[1:]:
+        target += xpad[sl]
+    target *= _reciprocal(xp, geo, in_sizes, out_sizes, count_include_pad, x.dtype)
+    return target
+
+
+@avg_pool.grad
+def _(node, g):
+    return [avg_pool_grad(g, node.inputs[0], **node.attrs)]
+
+
+avg_pool_grad = defop("avg_pool_grad", num_inputs=2, pattern=OPAQUE, attrs=dict(_AVG_ATTRS), infer=_avg_grad_infer,
+                      doc="Gradient of avg_pool: (g, x_like) -> g spread over each window / its divisor.")
+
+
+@avg_pool_grad.kernel
+def _(xp, g, x_like, *, kernel, stride, pad, ceil_mode, count_include_pad, out=None):
+    geo = PoolGeometry(x_like.ndim - 2, kernel, stride, pad, ceil_mode)
+    in_sizes = x_like.shape[2:]
+    scaled = g * _reciprocal(xp, geo, in_sizes, geo.out_sizes(in_sizes), count_include_pad, g.dtype)
+    return _scatter_windows(xp, lambda i: scaled, x_like.shape, geo, out)
+
+
+@avg_pool_grad.grad
+def _(node, gg):
+    # avg_pool_grad is avg_pool's adjoint, so its own adjoint is avg_pool
+    return [avg_pool(gg, **node.attrs), None]
+
+
+# --------------------------------------------------------------------------- global pooling
+
+def _global_infer(types):
+    x = types[0]
+    _check_input(x, "global pooling")
+    return TensorType(x.shape[:2] + (1,) * (x.ndim - 2), x.dtype)
+
+
+def _spatial_axes(ndim: int) -> Tuple[int, ...]:
+    return tuple(range(2, ndim))
+
+
+global_avg_pool = defop("global_avg_pool", num_inputs=1, pattern=REDUCE, infer=_global_infer,
+                        doc="Mean over all spatial axes, kept as size-1 axes: (N, C, s...) -> (N, C, 1...).")
+
+
+@global_avg_pool.kernel
+def _(xp, x, out=None):
+    return xp.mean(x, axis=_spatial_axes(x.ndim), keepdims=True, out=out)
+
+
+@global_avg_pool.grad
+def _(node, g):
+    return [global_avg_pool_grad(g, node.inputs[0])]
+
+
+global_avg_pool_grad = defop("global_avg_pool_grad", num_inputs=2, pattern=OPAQUE,
+                             infer=lambda types: types[1].with_dtype(types[0].dtype),
+                             doc="(g, x_like) -> g / (spatial size) broadcast to x_like's shape.")
+
+
+@global_avg_pool_grad.kernel
+def _(xp, g, x_like, out=None):
+    target = xp.empty(x_like.shape, dtype=g.dtype) if out is None else out
+    scale = xp.asarray(1.0 / max(int(np.prod(x_like.shape[2:])), 1), dtype=g.dtype)
+    xp.multiply(g, scale, out=target)
+    return target
+
+
+@global_avg_pool_grad.grad
+def _(node, gg):
+    return [global_avg_pool(gg), None]
+
+
+global_max_pool = defop("global_max_pool", num_inputs=1, pattern=REDUCE, infer=_global_infer,
+                        doc="Max over all spatial axes, kept as size-1 axes: (N, C, s...) -> (N, C, 1...).")
+
+
+@global_max_pool.kernel
+def _(xp, x, out=None):
+    return xp.max(x, axis=_spatial_axes(x.ndim), keepdims=True, out=out)
+
+
+@global_max_pool.grad
+def _(node, g):
+    return [global_max_pool_grad(node.inputs[0], g)]
+
+
+def _plane_argmax(xp: Any, x: Any) -> Any:
+    """First argmax over the flattened spatial plane, shape (N, C, 1)."""
+    return xp.argmax(x.reshape(x.shape[0], x.shape[1], -1), axis=2)[:, :, None]
+
+
+global_max_pool_grad = defop("global_max_pool_grad", num_inputs=2, pattern=OPAQUE,
+                             infer=lambda types: types[0].with_dtype(types[1].dtype),
+                             doc="(x, g) -> g placed at the first spatial argmax of x, zeros elsewhere.")
+
+
+@global_max_pool_grad.kernel
+def _(xp, x, g, out=None):
+    n, c = x.shape[:2]
+    hit = xp.arange(x[0, 0].size).reshape(1, 1, -1) == _plane_argmax(xp, x)
+    result = xp.where(hit, g.reshape(n, c, 1), xp.zeros((), dtype=g.dtype)).reshape(x.shape)
+    return _store(result, out)
+
+
+@global_max_pool_grad.grad
+def _(node, gg):
+    return [None, global_max_pool_select(node.inputs[0], gg)]
+
+
+global_max_pool_select = defop("global_max_pool_select", num_inputs=2, pattern=OPAQUE,
+                               infer=lambda types: _global_infer(types[:1]).with_dtype(types[1].dtype),
+                               doc="(x, v) -> v at the first spatial argmax of x, shape (N, C, 1...).")
+
+
+@global_max_pool_select.kernel
+def _(xp, x, v, out=None):
+    n, c = x.shape[:2]
+    picked = xp.take_along_axis(v.reshape(n, c, -1), _plane_argmax(xp, x), axis=2)
+    return _store(picked.reshape((n, c) + (1,) * (x.ndim - 2)), out)
+
+
+@global_max_pool_select.grad
+def _(node, gg):
+    return [None, global_max_pool_grad(node.inputs[0], gg)]
