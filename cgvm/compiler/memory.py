@@ -102,8 +102,8 @@ def plan_memory(program: Program, types: Sequence[TensorType], *, inplace: bool 
         i = bisect.bisect_left(free, (nbytes, -1))
         if i < len(free) and free[i][0] <= nbytes * match_range:
             return free.pop(i)[1]
-        if free:  # grow the largest smaller block rather than open a new one
-            _, sid = free.pop()
+        if i > 0:  # grow the largest smaller block rather than open a new one (never shrink a larger one)
+            _, sid = free.pop(i - 1)
             st_bytes[sid] = nbytes
             return sid
         st_bytes.append(nbytes)

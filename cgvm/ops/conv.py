@@ -106,10 +106,6 @@ class ConvGeometry:
         return result
 
 
-def _geometry(ndim: int, attrs: dict) -> ConvGeometry:
-    return ConvGeometry(ndim - 2, attrs["stride"], attrs["pad"], attrs["dilation"], attrs["groups"])
-
-
 def pad_input(xp: Any, x: Any, pads: PadPairs, fill: float = 0) -> Any:
     """``x`` with its spatial axes padded by ``pads`` (x itself when there is no padding)."""
     if not any(b or e for b, e in pads):

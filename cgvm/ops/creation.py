@@ -40,11 +40,11 @@ def _shaped_filler(fill):
 
 
 zeros = defop("zeros", num_inputs=0, pattern=INJECTIVE, differentiable=False, infer=_fill_infer,
-              attrs={"shape": Ints(), "dtype": DTypeAttr("float32")})
+              attrs={"shape": Ints(), "dtype": DTypeAttr(float32)})
 ones = defop("ones", num_inputs=0, pattern=INJECTIVE, differentiable=False, infer=_fill_infer,
-             attrs={"shape": Ints(), "dtype": DTypeAttr("float32")})
+             attrs={"shape": Ints(), "dtype": DTypeAttr(float32)})
 full = defop("full", num_inputs=0, pattern=INJECTIVE, differentiable=False, infer=_fill_infer,
-             attrs={"shape": Ints(), "value": Float(), "dtype": DTypeAttr("float32")})
+             attrs={"shape": Ints(), "value": Float(), "dtype": DTypeAttr(float32)})
 zeros.kernel_factory(_shaped_filler(0))
 ones.kernel_factory(_shaped_filler(1))
 full.kernel_factory(_shaped_filler(None))
@@ -100,7 +100,7 @@ def _eye_infer(types, n, m, k, dtype):
 
 
 eye = defop("eye", num_inputs=0, pattern=INJECTIVE, differentiable=False, infer=_eye_infer,
-            attrs={"n": Int(), "m": Int(None), "k": Int(0), "dtype": DTypeAttr("float32")},
+            attrs={"n": Int(), "m": Int(None), "k": Int(0), "dtype": DTypeAttr(float32)},
             doc="An n x m matrix with ones on diagonal k.")
 
 

@@ -220,7 +220,8 @@ clip = defop("clip", num_inputs=(1, 3), pattern=BROADCAST, inplace=((0, 0),), in
                  "The gradient passes where lo <= x <= hi, bounds included.")
 
 
-def _int_bound(bound: Optional[float], dtype, up: bool):
+def _int_bound(bound: Optional[float], dtype, up: bool) -> Optional[int]:
+    """A float bound as the nearest integer inside it (rounded up for lo), within the dtype's range."""
     if bound is None:
         return None
     info = np.iinfo(dtype)
@@ -232,7 +233,8 @@ def _int_bound(bound: Optional[float], dtype, up: bool):
 def _(xp, lo, hi):
     def clip_kernel(x, lo_t=None, hi_t=None, out=None):
         if lo_t is not None:  # tensor bounds; maximum first, so lo > hi gives hi as np.clip does
-            return _assign(xp, out, xp.minimum(xp.maximum(x, lo_t), hi_t))
+            r = xp.minimum(xp.maximum(x, lo_t), hi_t, out=out)
+            return r if out is not None else xp.asarray(r)
         lo_v, hi_v = lo, hi
         if x.dtype.kind in "iu":
             lo_v, hi_v = _int_bound(lo, x.dtype, up=True), _int_bound(hi, x.dtype, up=False)
@@ -316,7 +318,8 @@ round = defop("round", pattern=ELEMWISE, infer=lambda types, decimals: types[0],
 
 @round.kernel
 def _(xp, x, *, decimals, out=None):
-    return xp.round(x, decimals, out=out)
+    r = xp.round(x, decimals, out=out)
+    return r if out is not None else xp.asarray(r)
 
 
 # --------------------------------------------------------------------------- casts

@@ -12,7 +12,6 @@ import math
 from ..ir.attrs import Float
 from ..ir.types import DType
 from . import elementwise as ew
-from . import shape as shp
 from .elementwise import _assign, ufunc_result_dtype, ufunc_rule
 from .registry import ELEMWISE, defop
 

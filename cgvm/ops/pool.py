@@ -98,10 +98,6 @@ class PoolGeometry:
         return total
 
 
-def _geometry(x_ndim: int, attrs: dict) -> PoolGeometry:
-    return PoolGeometry(x_ndim - 2, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["ceil_mode"])
-
-
 def _lowest(dtype: Any) -> Any:
     """The value padding takes in max pooling: it never wins against a real element."""
     dtype = np.dtype(dtype)
@@ -143,11 +139,12 @@ def _window_argmax(xp: Any, x: Any, geo: PoolGeometry) -> Tuple[Any, Any, Tuple[
     return best, index, out_sizes
 
 
-def _scatter_windows(xp: Any, parts: Any, x_shape: Sequence[int], geo: PoolGeometry, out: Optional[Any]) -> Any:
+def _scatter_windows(xp: Any, parts: Any, dtype: Any, x_shape: Sequence[int], geo: PoolGeometry,
+                     out: Optional[Any]) -> Any:
     """col2im for pooling: ``parts(i)`` is the contribution of offset i; summed into an x-shaped result."""
     in_sizes = tuple(x_shape[2:])
     out_sizes = geo.out_sizes(in_sizes)
-    acc = xp.zeros(tuple(x_shape[:2]) + geo.extent(in_sizes, out_sizes), dtype=parts(None).dtype)
+    acc = xp.zeros(tuple(x_shape[:2]) + geo.extent(in_sizes, out_sizes), dtype=dtype)
     for i, sl in enumerate(geo.offset_slices(out_sizes)):
         view = acc[sl]
         xp.add(view, parts(i), out=view)
@@ -261,9 +258,7 @@ def _(xp, x, g, *, kernel, stride, pad, ceil_mode, out=None):
     _, index, _ = _window_argmax(xp, x, geo)
     zero = xp.zeros((), dtype=g.dtype)
 
-    def routed(i):
-        return g if i is None else xp.where(index == i, g, zero)
-    return _scatter_windows(xp, routed, x.shape, geo, out)
+    return _scatter_windows(xp, lambda i: xp.where(index == i, g, zero), g.dtype, x.shape, geo, out)
 
 
 @max_pool_grad.grad
@@ -331,7 +326,7 @@ def _(xp, g, x_like, *, kernel, stride, pad, ceil_mode, count_include_pad, out=N
     geo = PoolGeometry(x_like.ndim - 2, kernel, stride, pad, ceil_mode)
     in_sizes = x_like.shape[2:]
     scaled = g * _reciprocal(xp, geo, in_sizes, geo.out_sizes(in_sizes), count_include_pad, g.dtype)
-    return _scatter_windows(xp, lambda i: scaled, x_like.shape, geo, out)
+    return _scatter_windows(xp, lambda i: scaled, g.dtype, x_like.shape, geo, out)
 
 
 @avg_pool_grad.grad
@@ -411,7 +406,7 @@ global_max_pool_grad = defop("global_max_pool_grad", num_inputs=2, pattern=OPAQU
 @global_max_pool_grad.kernel
 def _(xp, x, g, out=None):
     n, c = x.shape[:2]
-    hit = xp.arange(x[0, 0].size).reshape(1, 1, -1) == _plane_argmax(xp, x)
+    hit = xp.arange(int(np.prod(x.shape[2:]))).reshape(1, 1, -1) == _plane_argmax(xp, x)
     result = xp.where(hit, g.reshape(n, c, 1), xp.zeros((), dtype=g.dtype)).reshape(x.shape)
     return _store(result, out)
 

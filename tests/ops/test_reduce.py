@@ -11,6 +11,9 @@ from cgvm.ops import elementwise as E
 from cgvm.ops import reduce as R
 from harness import Case, check_case, check_grad
 
+# log(0) = -inf is the right logsumexp of a row of -inf; NumPy warns about it on the way
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")
+
 rng = np.random.default_rng(3)
 
 
@@ -148,7 +151,8 @@ CUMSUMS = [
     Case("cumsum_dynamic", lambda x: R.cumsum(x, axis=1), [r(2, 3)], lambda a: cumsum_ref(a, 1), dynamic=True),
     Case("cumsum_int32_gives_int64", lambda x: R.cumsum(x, axis=0), [ints(4, 2)], lambda a: np.cumsum(a, axis=0),
          grad=False),
-    Case("sum_to_like", R.sum_to_like, [r(2, 3, 4), r(3, 1)], lambda g, x: g.sum(axis=(0, 2)).reshape(3, 1)),
+    Case("sum_to_like", R.sum_to_like, [r(2, 3, 4), r(3, 1)], lambda g, x: g.sum(axis=(0, 2)).reshape(3, 1),
+         grad_inputs=[0]),
     Case("sum_to_like_same_shape", R.sum_to_like, [r(3, 4), r(3, 4)], lambda g, x: g, grad_inputs=[0]),
     Case("sum_to_like_dynamic", R.sum_to_like, [r(2, 3, 4), r(1, 4)], lambda g, x: g.sum(axis=(0, 1))[None],
          dynamic=True, grad_inputs=[0]),
@@ -158,7 +162,7 @@ SECOND = [
     Case("var_2nd", second_derivative(lambda x: R.var(x, axis=1, ddof=1)), [r(2, 4)],
          lambda a: 2 * (a - a.mean(axis=1, keepdims=True)) / 3 * np.linspace(0.5, 1.5, 2)[:, None]),
     Case("std_2nd", second_derivative(R.std), [r(5)],
-         lambda a: (a - a.mean()) / (5 * a.std())),
+         lambda a: 0.5 * (a - a.mean()) / (5 * a.std())),  # weight 0.5 on the 0-d output
     Case("logsumexp_2nd", second_derivative(lambda x: R.logsumexp(x, axis=0)), [r(3, 2)],
          lambda a: np.exp(a - logsumexp_ref(a, 0)) * np.linspace(0.5, 1.5, 2)),
     Case("prod_2nd", second_derivative(lambda x: R.prod(x, axis=1)), [r(2, 3) + 2],
@@ -203,7 +207,7 @@ def test_prod_gradient_with_zeros(backend):
 def test_dtypes_follow_numpy():
     i32 = input_value(TensorType((3, 4), "int32"), "i")
     b = input_value(TensorType((3,), "bool"), "b")
-    f16 = input_value(TensorType((3,), "float16"), "h")
+    f16 = input_value(TensorType((4,), "float16"), "h")
     assert R.sum(i32).dtype.name == "int64"
     assert R.prod(b).dtype.name == "int64"
     assert R.cumsum(i32, axis=0).dtype.name == "int64"

@@ -1,0 +1,131 @@
+"""The VM: bytecode and disassembly, both engines agree, errors carry pc and source, workspace and DLPack."""
+import numpy as np
+import pytest
+
+import cgvm
+from cgvm.errors import ExecutionError, InputError, WorkspaceError
+from cgvm.ir import Graph, TensorType, input_value, param_value
+from cgvm.ops import elementwise as E
+from cgvm.ops import reduce as R
+from cgvm.vm import CALL, FREE, RET, dis
+
+
+def small_graph():
+    x = input_value(TensorType((None, 3), "float32"), "x")
+    w = param_value("w", TensorType((3,), "float32"))
+    return x, w, R.sum(E.tanh(E.mul(E.add(x, 1.0), w)), axis=1)
+
+
+def test_program_has_call_free_ret_and_disassembles():
+    x, w, y = small_graph()
+    ws = cgvm.Workspace()
+    ws["w"] = np.ones(3, np.float32)
+    f = cgvm.compile([x], y, workspace=ws)
+    ops = [i.opcode for i in f.program.instrs]
+    assert ops[-1] == RET and CALL in ops and FREE in ops
+    f(np.ones((2, 3), np.float32))
+    text = f.dis()
+    assert "CALL tanh" in text and "param r" in text and "RET" in text and "buf #" in text
+    assert dis(f.program).count("\n") >= len(f.program.instrs)
+
+
+@pytest.mark.parametrize("engine", ["threaded", "loop"])
+def test_engines_agree_with_eval_graph(engine, backend):
+    x, w, y = small_graph()
+    ws = cgvm.Workspace(backend)
+    wv = np.array([0.5, -1.0, 2.0], np.float32)
+    ws["w"] = wv
+    f = cgvm.compile([x], y, workspace=ws, engine=engine)
+    xv = np.arange(6, dtype=np.float32).reshape(2, 3) / 6
+    got = ws.backend.to_numpy(f(xv))
+    ref = cgvm.eval_graph(Graph([x], [y]), [xv], {"w": wv})[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    np.testing.assert_allclose(got, np.tanh((xv + 1) * wv).sum(1), rtol=1e-6)
+
+
+@pytest.mark.parametrize("engine", ["threaded", "loop"])
+def test_shape_error_at_run_time_names_node_and_source(engine):
+    a = input_value(TensorType((None,), "float32"), "a")
+    b = input_value(TensorType((None,), "float32"), "b")
+    f = cgvm.compile([a, b], E.mul(E.exp(a), b), engine=engine)
+    # shapes are known once the inputs arrive: the mismatch is found before any kernel runs
+    with pytest.raises(cgvm.errors.ShapeError) as info:
+        f(np.ones(3, np.float32), np.ones(4, np.float32))
+    msg = str(info.value)
+    assert "op mul" in msg and "test_vm.py:" in msg and "do not broadcast" in msg
+
+
+def test_kernel_failure_is_execution_error_with_pc():
+    from cgvm.ops.registry import defop
+
+    if "test_always_fails" not in cgvm.ops.all_ops():
+        op = defop("test_always_fails", infer=lambda t: t[0])
+
+        @op.kernel
+        def _(xp, x, out=None):
+            raise RuntimeError("boom")
+    op = cgvm.ops.lookup("test_always_fails")
+    x = input_value(TensorType((2,), "float32"), "x")
+    f = cgvm.compile([x], op(E.exp(x)))
+    with pytest.raises(ExecutionError) as info:
+        f(np.ones(2, np.float32))
+    assert info.value.pc == 0 or info.value.pc == 1
+    assert "boom" in str(info.value) and "test_vm.py" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+
+
+def test_wrong_inputs_are_rejected_before_running():
+    x = input_value(TensorType((None, 3), "float32"), "x")
+    f = cgvm.compile([x], E.exp(x))
+    with pytest.raises(InputError, match="takes 1 inputs"):
+        f(np.ones((2, 3), np.float32), np.ones(1))
+    with pytest.raises(InputError, match=r"float32\[\?,3\]"):
+        f(np.ones((2, 4), np.float32))
+    with pytest.raises(InputError, match="dtype"):
+        f(np.ones((2, 3), np.complex64))
+
+
+def test_missing_parameter_is_a_clear_error():
+    x, w, y = small_graph()
+    f = cgvm.compile([x], y, workspace=cgvm.Workspace())
+    with pytest.raises(InputError, match="'w'"):
+        f(np.ones((1, 3), np.float32))
+
+
+def test_updates_are_applied_after_outputs_from_old_values():
+    ws = cgvm.Workspace()
+    ws["c"] = np.array(1.0)
+    c = param_value("c", TensorType((), "float64"))
+    f = cgvm.compile([], [E.mul(c, 10.0)], workspace=ws, updates={c: E.add(c, 1.0)})
+    assert float(f()[0]) == 10.0 and float(ws["c"]) == 2.0
+    assert float(f()[0]) == 20.0 and float(ws["c"]) == 3.0
+
+
+def test_duplicate_update_target_is_an_error():
+    c = param_value("c", TensorType((), "float64"))
+    with pytest.raises(InputError, match="twice"):
+        cgvm.compile([], [c], updates=[(c, c), (c, c)] and {c: c, "c": c})
+
+
+def test_workspace_reshape_replans():
+    ws = cgvm.Workspace()
+    ws["w"] = np.ones(3)
+    w = param_value("w", TensorType((None,), "float64"))
+    f = cgvm.compile([], R.sum(E.exp(E.tanh(w))), workspace=ws)
+    a = float(f())
+    ws["w"] = np.ones(5)
+    b = float(f())
+    assert abs(b / a - 5 / 3) < 1e-12 and len(f.memory_plans()) == 2
+
+
+def test_workspace_errors_and_dlpack_zero_copy():
+    ws = cgvm.Workspace()
+    with pytest.raises(WorkspaceError, match="did you mean"):
+        ws["weight"] = np.ones(1)
+        ws["weigth"]
+    torch = pytest.importorskip("torch")
+    t = torch.arange(4, dtype=torch.float32)
+    arr = ws.set("t", t)
+    t[0] = 42.0                     # written through the torch side
+    assert ws["t"][0] == 42.0      # seen on ours: no copy
+    assert np.shares_memory(arr, ws["t"])
