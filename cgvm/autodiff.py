@@ -14,6 +14,7 @@ from .errors import GradientError
 from .ir.graph import CONST, Value, toposort
 from .ops import elementwise as ew
 from .ops import shape as shp
+from .ops.registry import install_gradient_builder
 
 __all__ = ["grad", "grad_map"]
 
@@ -131,3 +132,6 @@ def grad(cost: Value, wrt: Union[Value, Sequence[Value]], *, consider_constant: 
             g = shp.zeros_like(v) if return_disconnected == "zero" else None
         out.append(g)
     return out[0] if single else out
+
+
+install_gradient_builder(grad_map)

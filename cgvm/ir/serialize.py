@@ -502,6 +502,11 @@ def _attr_difference(x: Any, y: Any, where: str) -> Optional[str]:
         return _GraphComparison(x, y, f"{where}: graph {x.name!r}").run()
     if type(x) is not type(y):
         return f"{where}: {type(x).__name__} {x!r:.60}, the copy has {type(y).__name__} {y!r:.60}"
+    if isinstance(x, np.ndarray):  # same numbers; the byte order in memory is not part of the value
+        if x.dtype.newbyteorder("=") != y.dtype.newbyteorder("=") or x.shape != y.shape or \
+                _native_bytes(x) != _native_bytes(y):
+            return f"{where}: {x.dtype}{list(x.shape)} array differs in the copy ({y.dtype}{list(y.shape)})"
+        return None
     if isinstance(x, (tuple, list)):
         if len(x) != len(y):
             return f"{where}: {len(x)} items, the copy has {len(y)}"
@@ -513,3 +518,7 @@ def _attr_difference(x: Any, y: Any, where: str) -> Optional[str]:
     if attr_key(x) != attr_key(y):
         return f"{where}: {x!r:.60}, the copy has {y!r:.60}"
     return None
+
+
+def _native_bytes(arr: np.ndarray) -> bytes:
+    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("=")).tobytes()

@@ -1,4 +1,5 @@
 """The op library: every op declared once (type rule, kernel, gradient, pattern, in-place) by family."""
 from . import (control, conv, creation, elementwise, indexing, linalg, loss, nn,  # noqa: F401  (registers ops)
                pool, reduce, shape)
+from . import grad_control, random, sorting  # noqa: F401  (ops the Theano frontend needs)
 from .registry import BROADCAST, ELEMWISE, INJECTIVE, OPAQUE, REDUCE, OpDef, all_ops, defop, lookup

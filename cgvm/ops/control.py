@@ -22,7 +22,7 @@ from ..ir.graph import Graph, Value, input_value
 from ..ir.types import TensorType
 from . import elementwise as ew
 from . import shape as shp
-from .registry import INJECTIVE, OPAQUE, defop
+from .registry import INJECTIVE, OPAQUE, defop, subgraph_gradients
 
 
 def _split(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:
@@ -135,8 +135,6 @@ def _fresh_inputs(values: Sequence[Value], prefix: str) -> List[Value]:
 
 @scan.grad
 def _(node, *gouts):
-    from ..autodiff import grad_map  # autodiff imports ops; the cycle is broken at call time
-
     a = node.attrs
     body: Graph = a["body"]
     S, C = a["n_seqs"], a["n_carry"]
@@ -172,7 +170,7 @@ def _(node, *gouts):
         if g_ys[j] is not None:
             seeds[y_t] = next(it_gy)
     wrt = x_in + h_in + p_in
-    gmap = grad_map(seeds, wrt)
+    gmap = subgraph_gradients(seeds, wrt)
 
     def g_of(v: Value) -> Value:
         g = gmap.get(id(v))
@@ -391,14 +389,12 @@ def _(xp, runtime, then_graph, else_graph):
 
 def branch_grad(graph: Graph, gouts: Sequence[Optional[Value]]) -> Graph:
     """A graph (operands..., output grads...) -> operand grads, for one branch."""
-    from ..autodiff import grad_map
-
     ins = _fresh_inputs(graph.inputs, "x")
     outs = rebuild(list(graph.outputs), {id(o): n for o, n in zip(graph.inputs, ins)})
     g_in = [input_value(o.type, f"g{i}") for i, (o, g) in enumerate(zip(outs, gouts)) if g is not None]
     it = iter(g_in)
     seeds = {o: next(it) for o, g in zip(outs, gouts) if g is not None}
-    gmap = grad_map(seeds, ins)
+    gmap = subgraph_gradients(seeds, ins)
     results = [gmap.get(id(x)) or shp.zeros_like(x) for x in ins]
     return Graph(ins + g_in, results, name=f"{graph.name}_grad")
 

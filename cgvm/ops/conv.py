@@ -191,7 +191,7 @@ def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: C
         return xp.matmul(wmat_t, gmat).reshape(shape)
     kcount = _prod(ksize)
     # columns ordered (N, groups, kernel offset, C/g, L): each offset's block is contiguous for col2im
-    wmat_t = xp.moveaxis(w.reshape(groups, og, cg, kcount), 1, 3).reshape(groups, kcount * cg, og)
+    wmat_t = w.reshape(groups, og, cg, kcount).transpose(0, 3, 2, 1).reshape(groups, kcount * cg, og)
     if og == 1:  # depthwise-like: an outer product, which a GEMM with inner size 1 does slowly
         cols = wmat_t * gmat
     else:
@@ -236,7 +236,7 @@ def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: Con
 
 # --------------------------------------------------------------------------- type rules
 
-_CONV_ATTRS = {"stride": Ints(1), "pad": Ints(0), "dilation": Ints(1), "groups": Int(1)}
+_CONV_ATTRS = {"stride": Ints((1,)), "pad": Ints((0,)), "dilation": Ints((1,)), "groups": Int(1)}
 
 
 def _check_operands(types: Sequence[TensorType], names: Sequence[str]) -> None:
@@ -310,12 +310,27 @@ def _conv_transpose_infer(types, stride, pad, dilation, groups, output_padding):
     return TensorType((x.shape[0], o) + sizes, x.dtype)
 
 
-def _like_infer(types, stride, pad, dilation, groups):
-    """Gradient ops: the result has the shape of the third (shape-only) input and the dtype of the first."""
-    for t, name in zip(types[:2], ("gradient", "weight")):
-        require_float(t, name)
-    ConvGeometry(types[0].ndim - 2, stride, pad, dilation, groups)
-    return types[2].with_dtype(types[0].dtype)
+def _grad_input_infer(types, stride, pad, dilation, groups):
+    """(g, w, x_like) -> x_like's shape; g must be what conv(x_like, w) produces."""
+    g, w, x_like = types
+    _check_operands(types[:2], ["gradient", "weight"])
+    geo = ConvGeometry(g.ndim - 2, stride, pad, dilation, groups)
+    _check_spatial(g.shape[2:], geo.out_sizes(x_like.shape[2:], w.shape[2:]), "gradient")
+    return x_like.with_dtype(g.dtype)
+
+
+def _grad_weight_infer(types, stride, pad, dilation, groups):
+    """(x, g, w_like) -> w_like's shape; g must be what conv(x, w_like) produces."""
+    x, g, w_like = types
+    _check_operands(types[:2], ["input", "gradient"])
+    geo = ConvGeometry(x.ndim - 2, stride, pad, dilation, groups)
+    _check_spatial(g.shape[2:], geo.out_sizes(x.shape[2:], w_like.shape[2:]), "gradient")
+    return w_like.with_dtype(x.dtype)
+
+
+def _check_spatial(have: Sequence[Dim], want: Sequence[Dim], what: str) -> None:
+    if any(a is not None and b is not None and a != b for a, b in zip(have, want)):
+        raise ShapeError(f"{what} has spatial shape {tuple(have)}, but the convolution produces {tuple(want)}")
 
 
 # --------------------------------------------------------------------------- ops
@@ -344,7 +359,7 @@ def _(node, g):
 
 
 conv_grad_input = defop("conv_grad_input", num_inputs=3, pattern=OPAQUE, attrs=dict(_CONV_ATTRS),
-                        infer=_like_infer,
+                        infer=_grad_input_infer,
                         doc="Gradient of conv wrt its input: (g, w, x_like) -> dx of x_like's shape.")
 
 
@@ -363,7 +378,7 @@ def _(node, gg):
 
 
 conv_grad_weight = defop("conv_grad_weight", num_inputs=3, pattern=OPAQUE, attrs=dict(_CONV_ATTRS),
-                         infer=_like_infer,
+                         infer=_grad_weight_infer,
                          doc="Gradient of conv wrt its weight: (x, g, w_like) -> dw of w_like's shape.")
 
 
@@ -382,7 +397,7 @@ def _(node, gg):
 
 
 conv_transpose = defop("conv_transpose", num_inputs=(2, 3), pattern=OPAQUE,
-                       attrs=dict(_CONV_ATTRS, output_padding=Ints(0)), infer=_conv_transpose_infer,
+                       attrs=dict(_CONV_ATTRS, output_padding=Ints((0,))), infer=_conv_transpose_infer,
                        doc="Transposed convolution (Caffe Deconvolution): x (N, C_in, s...), "
                            "w (C_in, C_out/groups, k...), optional b (C_out,).")
 

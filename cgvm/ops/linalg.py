@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.attrs import AttrKind, Bool, Float
 from ..ir.builder import as_value
-from ..ir.graph import Value
+from ..ir.graph import Value, current_source
 from ..ir.types import TensorType, result_dtype
 from . import elementwise as ew
 from . import reduce as red
@@ -255,7 +255,8 @@ def batched_dot(a: Any, b: Any) -> Value:
     """Theano's batched_dot: ``result[i] = dot(a[i], b[i])`` over the leading (batch) axis."""
     a, b = _values(a, b)
     if a.ndim == 0 or b.ndim == 0:
-        raise ShapeError(f"batched_dot needs a batch axis in both operands; got ranks {a.ndim} and {b.ndim}")
+        raise ShapeError(f"batched_dot needs a batch axis in both operands; got ranks {a.ndim} and {b.ndim}"
+                         f" (at {current_source()})")
     if a.ndim == 1 or b.ndim == 1:  # a batch of scalars scales the other operand's items
         if a.ndim == 1:
             a = _expand(a, range(1, b.ndim))

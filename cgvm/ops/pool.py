@@ -133,7 +133,7 @@ def _window_argmax(xp: Any, x: Any, geo: PoolGeometry) -> Tuple[Any, Any, Tuple[
     index = xp.zeros(best.shape, dtype=xp.intp)
     for i, sl in enumerate(slices[1:], 1):
         cand = xpad[sl]
-        better = cand > best  # strict: an equal later value does not take over (Caffe's tie rule)
+        better = cand >= best  # strict: an equal later value does not take over (Caffe's tie rule)
         xp.copyto(index, i, where=better)
         xp.copyto(best, cand, where=better)
     return best, index, out_sizes
@@ -154,7 +154,7 @@ def _scatter_windows(xp: Any, parts: Any, dtype: Any, x_shape: Sequence[int], ge
 
 # --------------------------------------------------------------------------- type rules
 
-_POOL_ATTRS = {"kernel": Ints(), "stride": Ints(None), "pad": Ints(0), "ceil_mode": Bool(False)}
+_POOL_ATTRS = {"kernel": Ints(), "stride": Ints(None), "pad": Ints((0,)), "ceil_mode": Bool(False)}
 _AVG_ATTRS = dict(_POOL_ATTRS, count_include_pad=Bool(True))
 
 

@@ -97,6 +97,23 @@ class OpDef(OpSchema):
         return apply(self, inputs, attrs, name=name)
 
 
+_gradient_builder: Optional[Callable[..., Any]] = None
+
+
+def install_gradient_builder(fn: Callable[..., Any]) -> None:
+    """Called by cgvm.autodiff: lets gradient rules of control-flow ops differentiate their sub-graphs
+    without ops importing autodiff (which itself imports ops)."""
+    global _gradient_builder
+    _gradient_builder = fn
+
+
+def subgraph_gradients(seeds: Mapping[Any, Any], wrt: Sequence[Any]) -> Dict[int, Any]:
+    """``{id(value): gradient}`` of sum <seed_i, out_i> for each of ``wrt`` (see autodiff.grad_map)."""
+    if _gradient_builder is None:
+        raise RuntimeError("cgvm.autodiff is not loaded; import cgvm")
+    return _gradient_builder(seeds, wrt)
+
+
 def defop(name: str, **kwargs: Any) -> OpDef:
     """Declare an op; the registry refuses a second op of the same name."""
     return OpDef(name, **kwargs)

@@ -1,9 +1,10 @@
-"""Shape ops: reshape, transpose, broadcasting, expand/squeeze, flatten, concat/split/stack, tile, and fills.
+"""Shape ops: reshape, transpose, broadcasting, expand/squeeze, flatten, concat/split/stack, tile, shape_of, *_like.
 
-Slicing, integer indexing, padding and one-hot live in ``indexing.py``. View ops (``view=True``)
-return arrays that may alias their first input; the memory planner extends that input's life.
-Dimensions may be unknown (``None``) in every type rule; they stay unknown where the output
-depends on them, and are checked again with concrete shapes when a program is planned.
+Slicing, integer indexing, padding and one-hot live in ``indexing.py``; zeros/ones/full, arange,
+eye and alloc in ``creation.py``. View ops (``view=True``) return arrays that may alias their
+first input; the memory planner extends that input's life. Dimensions may be unknown (``None``)
+in every type rule; they stay unknown where the output depends on them, and are checked again
+with concrete shapes when a program is planned.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from ..ir.attrs import AttrKind, DTypeAttr, Float, Int, Ints
-from ..ir.graph import CONST, Value, const_value
-from ..ir.types import TensorType, float32, int64, result_dtype, shape_str
+from ..ir.graph import Value
+from ..ir.types import TensorType, int64, result_dtype, shape_str
 from . import reduce as red
 from .registry import INJECTIVE, OPAQUE, defop
 from .rules import Dim, broadcast_shapes, normalize_axes, normalize_axis, prod_dims

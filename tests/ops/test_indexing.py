@@ -87,8 +87,8 @@ CASES = [
          lambda a, i, j: a[i, j]),
     Case("advanced_index_dynamic", I.advanced_index, [r(4, 3), ints(1, 1)], lambda a, i: a[i], dynamic=True),
     # pad
-    Case("pad_constant", lambda x: I.pad(x, pads=(1, 2, 0, 3)), [r(2, 3)], lambda a: pad_reference(a, (1, 2, 0, 3),
-                                                                                                   "constant")),
+    Case("pad_constant", lambda x: I.pad(x, pads=(1, 2, 0, 3)), [r(2, 3)],
+         lambda a: pad_reference(a, (1, 2, 0, 3), "constant")),
     Case("pad_constant_value_dynamic", lambda x: I.pad(x, pads=(2, 0, 1, 1), value=-1.5), [r(2, 3)],
          lambda a: pad_reference(a, (2, 0, 1, 1), "constant", -1.5), dynamic=True),
     Case("pad_edge", lambda x: I.pad(x, pads=(2, 1, 1, 3), mode="edge"), [r(2, 3)],

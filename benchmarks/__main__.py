@@ -1,0 +1,31 @@
+"""``python -m benchmarks [--quick] [--only NAME]``: run the suite and print the table of ratios."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .harness import machine, measure, table
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions")
+    ap.add_argument("--only", default=None, help="run rows whose name contains this text")
+    args = ap.parse_args(argv)
+    from . import core
+
+    rows = core.rows(quick=args.quick)
+    if args.only:
+        rows = [r for r in rows if args.only in r.name]
+    done = []
+    for r in rows:
+        measure(r)
+        done.append(r)
+        print(f"done: {r.name}", file=sys.stderr)
+    print(f"Machine: {machine()}\n")
+    print(table(done))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

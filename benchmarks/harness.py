@@ -1,0 +1,93 @@
+"""Timing harness: peers measured interleaved in one run, medians compared as ratios."""
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+
+@dataclass
+class Row:
+    """One benchmark: the same work done by several implementations."""
+
+    name: str
+    unit: str = "us"
+    impls: Dict[str, Callable[[], object]] = field(default_factory=dict)
+    number: int = 100          # calls per timed batch
+    rounds: int = 7            # interleaved batches per implementation
+    note: str = ""
+    results: Dict[str, float] = field(default_factory=dict)  # seconds per call (median)
+    fixed: Dict[str, float] = field(default_factory=dict)    # values measured another way (compile times)
+
+    def add(self, name: str, fn: Optional[Callable[[], object]]) -> None:
+        if fn is not None:
+            self.impls[name] = fn
+
+
+def measure(row: Row) -> Row:
+    for fn in row.impls.values():  # warm-up: compile caches, memory plans, BLAS threads
+        for _ in range(min(3, row.number)):
+            fn()
+    samples: Dict[str, List[float]] = {k: [] for k in row.impls}
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(row.rounds):
+            for name, fn in row.impls.items():
+                n = row.number
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                samples[name].append((time.perf_counter() - t0) / n)
+    finally:
+        if gc_was:
+            gc.enable()
+    row.results = {k: statistics.median(v) for k, v in samples.items()}
+    row.results.update(row.fixed)
+    return row
+
+
+def fmt_time(sec: float) -> str:
+    if sec < 1e-3:
+        return f"{sec * 1e6:.2f} us"
+    if sec < 1:
+        return f"{sec * 1e3:.2f} ms"
+    return f"{sec:.2f} s"
+
+
+def table(rows: List[Row], base: str = "cgvm") -> str:
+    peers: List[str] = []
+    for r in rows:
+        for k in r.results:
+            if k != base and k not in peers:
+                peers.append(k)
+    head = ["benchmark", base] + peers + [f"{base}/{p}" for p in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r.name, fmt_time(r.results[base]) if base in r.results else "-"]
+        cells += [fmt_time(r.results[p]) if p in r.results else "-" for p in peers]
+        for p in peers:
+            if base in r.results and p in r.results and r.results[p] > 0:
+                cells.append(f"{r.results[base] / r.results[p]:.2f}x")
+            else:
+                cells.append("-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    import numpy as np
+
+    bits = [platform.platform(), f"Python {platform.python_version()}", f"NumPy {np.__version__}",
+            f"{os.cpu_count()} CPUs"]
+    for mod in ("torch", "pytensor"):
+        try:
+            m = __import__(mod)
+            bits.append(f"{mod} {m.__version__}")
+        except ImportError:
+            pass
+    return ", ".join(bits)

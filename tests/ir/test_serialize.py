@@ -1,0 +1,763 @@
+"""Saving and loading graphs (cgvm.ir.serialize, proto/cgvm.proto).
+
+Round trips are checked generically: a graph and its saved-and-loaded copy must print the same
+text, be structurally the same (``graph_difference``: kinds, names, types, constants, attributes,
+sources, node order) and, compiled with ``cgvm.compile``, compute the same arrays. The graphs:
+
+* hand-written ones below (chains, reductions, params and constants of every dtype, gradients,
+  control flow, names and sources, every attribute kind through an IR-only op);
+* every Case of every op table in tests/ops/test_*.py, forward and gradient graphs, so new op
+  families are covered as soon as their tables exist;
+* one graph per registered op that no Case covers, where generic inputs fit it.
+
+tests/conftest.py also round-trips every graph compiled anywhere in the suite.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
+import pytest
+
+import cgvm
+from cgvm.errors import CgvmError, GradientError
+from cgvm.ir import (Graph, OpSchema, TensorType, apply, graph_from_proto, graph_to_proto, input_value,
+                     load_graph, param_value, save_graph, source_scope)
+from cgvm.ir import cgvm_pb2 as pb
+from cgvm.ir.attrs import attr_key, Any_, Array, Bool, DTypeAttr, Float, Floats, GraphAttr, Int, Ints, Str
+from cgvm.ir.graph import const_value
+from cgvm.ir.opschema import OPS
+from cgvm.ir.serialize import FORMAT_VERSION, SerializationError, graph_difference
+from cgvm.ops import all_ops
+from cgvm.ops import elementwise as E
+from cgvm.ops import reduce as R
+from cgvm.ops import shape as S
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+REPO_ROOT = TESTS_DIR.parent
+OP_TESTS_DIR = TESTS_DIR / "ops"
+
+
+# ============================================================================ checking a round trip
+
+
+def through_bytes(graph: Graph) -> Graph:
+    data = graph_to_proto(graph).SerializeToString()
+    return graph_from_proto(pb.GraphProto.FromString(data))
+
+
+def _stateful(graph: Graph) -> bool:
+    for node in graph.nodes:
+        if getattr(node.op, "stateful", False):
+            return True
+        if any(isinstance(a, Graph) and _stateful(a) for a in node.attrs.values()):
+            return True
+    return False
+
+
+def run(graph: Graph, feeds: Sequence[np.ndarray], params: Optional[Dict[str, np.ndarray]] = None) -> list:
+    ws = cgvm.Workspace("numpy")
+    for name, value in (params or {}).items():
+        ws.set(name, value)
+    f = cgvm.compile(list(graph.inputs), list(graph.outputs), workspace=ws, name=graph.name)
+    out = f(*[np.array(a, copy=True) for a in feeds])
+    return [np.asarray(o) for o in (out if isinstance(out, list) else [out])]
+
+
+def check_roundtrip(graph: Graph, feeds: Optional[Sequence[np.ndarray]] = None,
+                    params: Optional[Dict[str, np.ndarray]] = None) -> Graph:
+    """Save and load ``graph``; the copy must print, compare and (given feeds) compute the same."""
+    copy = through_bytes(graph)
+    assert str(copy) == str(graph)
+    diff = graph_difference(graph, copy)
+    assert diff is None, diff
+    cgvm.ir.verify(copy)
+    if feeds is not None and not _stateful(graph):
+        want = run(graph, feeds, params)
+        got = run(copy, feeds, params)
+        for i, (w, g) in enumerate(zip(want, got)):
+            assert w.dtype == g.dtype and w.shape == g.shape, f"output {i}"
+            np.testing.assert_array_equal(g, w, err_msg=f"{graph.name}: output {i} of the loaded graph")
+    return copy
+
+
+# ============================================================================ hand-written graphs
+
+rng = np.random.default_rng(7)
+
+
+def f32(*shape):
+    return TensorType(shape, "float32")
+
+
+def randn(*shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+class Example(NamedTuple):
+    graph: Graph
+    feeds: Optional[List[np.ndarray]] = None
+    params: Optional[Dict[str, np.ndarray]] = None
+
+
+def ex_elementwise_chain() -> Example:
+    x = input_value(TensorType([None, 4], "float32"), "x")
+    y = input_value(f32(4), "y")
+    z = E.relu(E.tanh(E.mul(E.add(x, y), E.exp(E.neg(y)))), negative_slope=0.25)
+    return Example(Graph([x, y], [z], name="chain"), [randn(3, 4), randn(4)])
+
+
+def ex_reductions() -> Example:
+    x = input_value(TensorType([2, None, 5], "float32"), "x")
+    outs = [R.sum(x), R.sum(x, axis=(0, -1), keepdims=True), R.sum(x, axis=1), S.squeeze(R.sum(x, axis=2,
+                                                                                            keepdims=True), axis=-1)]
+    return Example(Graph([x], outs, name="reductions"), [randn(2, 3, 5)])
+
+
+def ex_params_and_constants() -> Example:
+    x = input_value(f32(2, 3), "x")
+    w = param_value("w", f32(3))
+    b = param_value("bias", TensorType([2, 1], "float64"))
+    mask = const_value(np.array([True, False, True]))
+    scale = const_value(np.arange(6, dtype=np.uint8).reshape(2, 3))
+    big = const_value(np.linspace(-1, 1, 24).reshape(2, 3, 4))  # float64, more than the printer shows
+    i64 = const_value(np.array(-(2 ** 40), np.int64))
+    y = E.add(E.mul(x, w), b)
+    outs = [y, E.mul(E.cast(mask, dtype="float32"), x), E.mul(x, E.cast(scale, dtype="float32")),
+            R.sum(big, axis=2), E.add(E.cast(x, dtype="int64"), i64), mask]
+    return Example(Graph([x], outs, name="leaves"), [randn(2, 3)],
+                   {"w": randn(3), "bias": randn(2, 1, dtype=np.float64)})
+
+
+def ex_gradients() -> Example:
+    x = input_value(TensorType([None, 3], "float64"), "x")
+    w = param_value("w", TensorType([3], "float64"))
+    cost = R.sum(E.tanh(E.mul(E.relu(E.mul(x, w), negative_slope=0.1), w)))
+    gw, gx = cgvm.grad(cost, [w, x])
+    ggw = cgvm.grad(R.sum(E.mul(gw, gw)), w)  # a second derivative: gradient nodes of gradient nodes
+    return Example(Graph([x], [cost, gw, gx, ggw], name="grads"), [randn(4, 3, dtype=np.float64)],
+                   {"w": randn(3, dtype=np.float64)})
+
+
+def ex_names_and_sources() -> Example:
+    x = input_value(f32(3), "data")
+    with source_scope("lenet.prototxt:12 (layer conv1)"):
+        h = E.exp(x, name="conv1")
+    h.name = "conv1_top"  # a frontend names a value (a Caffe top, a Theano variable)
+    y = E.neg(h, name="")
+    no_source = E.tanh(y)
+    no_source.node.source = None
+    empty_source = E.exp(no_source)
+    empty_source.node.source = ""
+    return Example(Graph([x], [empty_source, h], name="named"), [randn(3)])
+
+
+def ex_outputs_that_are_leaves() -> Example:
+    x = input_value(f32(2), "x")
+    w = param_value("w", f32(2))
+    c = const_value(np.array([1.5, 2.5], np.float32))
+    return Example(Graph([x], [x, w, c, E.add(x, c), x], name="leaves_out"), [randn(2)], {"w": randn(2)})
+
+
+def ex_pruned_at_an_intermediate_value() -> Example:
+    x = input_value(f32(2), "x")
+    h = E.exp(x)
+    y = E.tanh(h)
+    g = cgvm.compiler.prune(Graph([x], [y]), given=[h])  # h becomes an input although a node computed it
+    return Example(Graph([h], list(g.outputs), name="pruned"), [randn(2)])
+
+
+def ex_shared_leaves() -> Example:
+    x = input_value(f32(2), "x")
+    c = const_value(np.float32(3.0))
+    w = param_value("w", f32(2))
+    y = E.add(E.mul(E.mul(x, w), w), E.mul(c, c))
+    return Example(Graph([x], [y, E.add(y, c)], name="shared"), [randn(2)], {"w": randn(2)})
+
+
+def ex_cond() -> Example:
+    if "cond" not in OPS:
+        pytest.skip("no cond op registered")
+    a = input_value(f32(3), "a")
+    then_graph = Graph([a], [E.exp(a)], name="then")
+    b = input_value(f32(3), "b")
+    else_graph = Graph([b], [E.neg(b)], name="else")
+    pred = input_value(TensorType([], "bool"), "p")
+    x = input_value(f32(3), "x")
+    y = apply(OPS["cond"], [pred, x], {"then_graph": then_graph, "else_graph": else_graph})
+    g = cgvm.grad(R.sum(y), x)
+    return Example(Graph([pred, x], [y, g], name="cond"), [np.array(True), randn(3)])
+
+
+def ex_scan() -> Example:
+    if "scan" not in OPS:
+        pytest.skip("no scan op registered")
+    xt, hp, u = input_value(f32(3), "xt"), input_value(f32(3), "hp"), input_value(f32(3), "u")
+    ht = E.tanh(E.add(xt, E.mul(hp, u)))
+    body = Graph([xt, hp, u], [ht, E.mul(ht, ht)], name="rnn")
+    X, h0, U = input_value(TensorType([None, 3], "float32"), "X"), input_value(f32(3), "h0"), input_value(f32(3), "U")
+    outs = apply(OPS["scan"], [X, h0, U], {"body": body, "n_seqs": 1, "n_carry": 1})
+    gU = cgvm.grad(R.sum(outs[-1]), U)
+    return Example(Graph([X, h0, U], list(outs) + [gU], name="scan"), [randn(4, 3), randn(3), randn(3)])
+
+
+EXAMPLES: Dict[str, Callable[[], Example]] = {
+    f.__name__[3:]: f for f in (ex_elementwise_chain, ex_reductions, ex_params_and_constants, ex_gradients,
+                                 ex_names_and_sources, ex_outputs_that_are_leaves,
+                                 ex_pruned_at_an_intermediate_value, ex_shared_leaves,
+                                 ex_cond, ex_scan)}
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_roundtrip_examples(name):
+    example = EXAMPLES[name]()
+    check_roundtrip(example.graph, example.feeds, example.params)
+
+
+def test_kinds_names_types_and_sources_survive():
+    example = ex_params_and_constants()
+    copy = check_roundtrip(example.graph)
+    assert [v.kind for v in copy.inputs] == ["input"]
+    assert [p.name for p in copy.params] == ["w", "bias"]
+    assert copy.params[1].type == TensorType([2, 1], "float64")
+    named = check_roundtrip(ex_names_and_sources().graph)
+    exp_node, neg_node, tanh_node, last = named.nodes
+    assert exp_node.name == "conv1" and exp_node.source == "lenet.prototxt:12 (layer conv1)"
+    assert exp_node.outputs[0].name == "conv1_top" and named.outputs[1] is exp_node.outputs[0]
+    assert neg_node.name == "" and tanh_node.source is None and last.source == ""
+    pruned = check_roundtrip(ex_pruned_at_an_intermediate_value().graph)
+    assert pruned.inputs[0].kind == "node" and pruned.inputs[0].node is None
+
+
+def test_identity_of_leaves_is_kept():
+    copy = check_roundtrip(ex_shared_leaves().graph)
+    mul_cc = next(n for n in copy.nodes if n.inputs[0] is n.inputs[1] and n.inputs[0].kind == "const")
+    assert mul_cc.op.name == "mul"  # c * c still reads one constant
+    x = input_value(f32(2), "x")
+    w1, w2 = param_value("w", f32(2)), param_value("w", f32(2))  # two Values, one Workspace entry
+    copy = check_roundtrip(Graph([x], [E.mul(E.mul(x, w1), w2)]))
+    assert len({id(v) for n in copy.nodes for v in n.inputs if v.kind == "param"}) == 2
+    assert len(copy.params) == 1
+
+
+def test_loaded_nodes_are_rebuilt_through_the_builder():
+    example = ex_gradients()
+    copy = through_bytes(example.graph)
+    originals = {id(n) for n in example.graph.nodes}
+    assert not any(id(n) in originals for n in copy.nodes)
+    for node in copy.nodes:
+        assert node.attrs == node.op.check_attrs(dict(node.attrs))  # checked, defaults filled
+
+
+# ---------------------------------------------------------------------------- every attribute kind
+
+ATTR_OP = "_test_serialize_attrs"
+
+
+@pytest.fixture
+def attr_op():
+    """An IR-only op (no kernel, so it is never compiled) with an attribute of every kind."""
+    op = OpSchema(ATTR_OP, num_inputs=(1, None), infer=lambda types, **_: types[0], attrs={
+        "i": Int(0), "f": Float(0.0), "b": Bool(False), "s": Str("same", choices=("same", "valid")),
+        "ints": Ints(()), "floats": Floats(()), "dtype": DTypeAttr(None), "table": Array(None),
+        "body": GraphAttr(None), "any": Any_(None), "opt_int": Int(None)})
+    yield op
+    del OPS[op.name]
+
+
+def _body(depth: int) -> Graph:
+    a = input_value(TensorType([None], "float32"), "a")
+    out = E.tanh(a)
+    if depth:
+        out = apply(OPS[ATTR_OP], [out], {"body": _body(depth - 1), "i": depth})
+    return Graph([a], [out], name=f"body{depth}")
+
+
+ATTR_VALUES = [
+    {},
+    {"i": -7, "f": 2.5, "b": True, "s": "valid"},
+    {"i": 2 ** 62, "f": float("inf")},
+    {"f": float("nan")},
+    {"f": -0.0, "ints": (3, -1, 0), "floats": (0.5, 1e-300, -2.0)},
+    {"ints": 4, "floats": 1},
+    {"dtype": "int8"},
+    {"dtype": "bool", "table": np.arange(12, dtype=np.float64).reshape(3, 4)},
+    {"table": np.array([True, False])},
+    {"table": np.zeros((0, 3), np.int16)},
+    {"table": np.array(3.5, np.float16)},
+    {"table": np.arange(6, dtype=">i4")},  # big-endian in memory: saved little-endian, loaded native
+    {"table": np.array([1 + 2j], np.complex128)},
+    {"any": ((1, 1), (2, 2))},
+    {"any": (1, 2.5, "pad", None, True, (), ("a", ("b", (None,))))},
+    {"any": ()},
+    {"any": ("x", "y")},
+    {"any": (float("nan"), 1.0)},
+    {"any": "just a string"},
+    {"any": np.int64(5)},
+    {"opt_int": 3},
+    {"body": "nested"},
+]
+
+
+@pytest.mark.parametrize("attrs", ATTR_VALUES, ids=lambda a: ",".join(a) or "defaults")
+def test_every_attribute_kind_survives(attr_op, attrs):
+    attrs = dict(attrs)
+    if attrs.get("body") == "nested":
+        attrs["body"] = _body(2)  # a sub-graph whose node holds a sub-graph
+    x = input_value(TensorType([None, 2], "float32"), "x")
+    y = apply(attr_op, [x], attrs, name="n", source="attrs.py:1")
+    graph = Graph([x], [y], name="attrs")
+    copy = check_roundtrip(graph)
+    for key, value in y.node.attrs.items():
+        loaded = copy.nodes[0].attrs[key]
+        if isinstance(value, np.ndarray):
+            assert loaded.dtype == value.dtype.newbyteorder("=") and loaded.shape == value.shape
+            np.testing.assert_array_equal(loaded, value)
+            assert not loaded.flags.writeable
+        elif isinstance(value, Graph):
+            assert isinstance(loaded, Graph) and loaded is not value
+        else:  # attr_key: what CSE compares (NaN equal to NaN)
+            assert attr_key(loaded) == attr_key(value) and type(loaded) is type(value), key
+
+
+def test_attribute_kinds_in_the_proto(attr_op):
+    x = input_value(f32(2), "x")
+    y = apply(attr_op, [x], {"ints": (1, 2), "floats": (1.0,), "any": ((1, 1), ("a", "b"), ()), "dtype": "int32"})
+    attrs = graph_to_proto(Graph([x], [y])).nodes[0].attrs
+    assert attrs["ints"].WhichOneof("value") == "ints" and list(attrs["ints"].ints.values) == [1, 2]
+    assert attrs["floats"].WhichOneof("value") == "floats"
+    assert attrs["dtype"].dtype == "int32"
+    assert attrs["body"].WhichOneof("value") == "none"
+    pads = attrs["any"].tuple.values
+    assert [v.WhichOneof("value") for v in pads] == ["ints", "strings", "tuple"]
+    assert attrs["i"].WhichOneof("value") == "i" and attrs["b"].WhichOneof("value") == "b"
+
+
+def test_unsupported_attribute_values_cannot_be_saved(attr_op):
+    x = input_value(f32(2), "x")
+    for bad, what in ((print, "builtin_function_or_method"), ((1, {2: 3}), "dict"),
+                      (np.array(["a"]), "dtype <U1")):
+        y = apply(attr_op, [x], {"any": bad} if not isinstance(bad, np.ndarray) else {"table": bad},
+                  name="holder")
+        with pytest.raises(SerializationError) as info:
+            graph_to_proto(Graph([x], [y], name="g"))
+        msg = str(info.value)
+        assert "graph 'g'" in msg and "node 'holder'" in msg and what in msg
+
+
+def test_ints_beyond_64_bits_cannot_be_saved(attr_op):
+    x = input_value(f32(2), "x")
+    for attrs in ({"i": 2 ** 64}, {"ints": (1, -(2 ** 70))}, {"any": (2 ** 63,)}):
+        y = apply(attr_op, [x], attrs)
+        with pytest.raises(SerializationError, match="64 bits"):
+            graph_to_proto(Graph([x], [y]))
+
+
+# ============================================================================ every Case of every op table
+
+
+class Harvested(NamedTuple):
+    module: str
+    case: Any
+
+
+def _import_op_test_module(stem: str):
+    """The op test module as pytest imports it (tests/ops on sys.path, plain module name)."""
+    if str(OP_TESTS_DIR) not in sys.path:
+        sys.path.insert(0, str(OP_TESTS_DIR))
+    module = sys.modules.get(stem)
+    if module is not None and Path(getattr(module, "__file__", "")).resolve() == OP_TESTS_DIR / f"{stem}.py":
+        return module
+    return importlib.import_module(stem)
+
+
+def _is_case(obj: Any) -> bool:
+    return type(obj).__name__ == "Case" and callable(getattr(obj, "build", None)) and hasattr(obj, "inputs")
+
+
+@functools.lru_cache(maxsize=None)
+def harvested_cases() -> Tuple[Harvested, ...]:
+    """Every Case object in a list or tuple at the top level of tests/ops/test_*.py, once each."""
+    found: List[Harvested] = []
+    seen: set = set()
+    for path in sorted(OP_TESTS_DIR.glob("test_*.py")):
+        try:
+            module = _import_op_test_module(path.stem)
+        except Exception:  # a broken op test module is reported by its own collection
+            continue
+        for value in vars(module).values():
+            if isinstance(value, (list, tuple)):
+                for case in value:
+                    if _is_case(case) and id(case) not in seen:
+                        seen.add(id(case))
+                        found.append(Harvested(path.stem, case))
+    return tuple(found)
+
+
+def _case_ids() -> List[str]:
+    ids, counts = [], {}
+    for h in harvested_cases():
+        base = f"{h.module[5:]}::{h.case.name}"
+        counts[base] = counts.get(base, 0) + 1
+        ids.append(base if counts[base] == 1 else f"{base}#{counts[base]}")
+    return ids
+
+
+def _symbolic(inputs: Sequence[np.ndarray], dynamic: bool) -> list:
+    return [input_value(TensorType([None] * a.ndim if dynamic else a.shape, a.dtype), f"in{i}")
+            for i, a in enumerate(inputs)]
+
+
+def _as_list(x: Any) -> list:
+    return list(x) if isinstance(x, (tuple, list)) else [x]
+
+
+def case_graph(case: Any) -> Example:
+    """The forward graph of a Case, as tests/ops/harness.check_case builds it."""
+    feeds = [np.array(a, copy=True) for a in case.inputs]
+    syms = _symbolic(feeds, case.dynamic)
+    return Example(Graph(syms, _as_list(case.build(*syms)), name=case.name), feeds)
+
+
+def case_gradient_graph(case: Any) -> Example:
+    """Cost and gradients of a Case in float64, as tests/ops/harness.check_grad differentiates it."""
+    feeds = [a.astype(np.float64) if a.dtype.kind == "f" else np.array(a, copy=True) for a in case.inputs]
+    syms = _symbolic(feeds, case.dynamic)
+    outs = [o for o in _as_list(case.build(*syms)) if o.dtype.is_float]
+    which = case.grad_inputs if case.grad_inputs is not None else \
+        [i for i, a in enumerate(feeds) if a.dtype.kind == "f"]
+    cost = None
+    for o in outs:
+        term = R.sum(E.mul(o, E.cos(o)) if "cos" in OPS else E.mul(o, o))  # not linear: real 2nd-order nodes
+        cost = term if cost is None else E.add(cost, term)
+    grads = cgvm.grad(cost, [syms[i] for i in which], disconnected_inputs="ignore")
+    return Example(Graph(syms, [cost] + list(grads), name=f"{case.name}_grad"), feeds)
+
+
+def _built(make: Callable[[Any], Example], case: Any) -> Example:
+    try:
+        return make(case)
+    except (CgvmError, TypeError, ValueError, KeyError, IndexError) as exc:
+        pytest.skip(f"the case does not build here ({type(exc).__name__}: {exc}); its own test reports it")
+
+
+# cases of inf and NaN make NumPy warn; the op's own tests decide about that
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("harvested", harvested_cases(), ids=_case_ids())
+def test_roundtrip_op_case(harvested):
+    example = _built(case_graph, harvested.case)
+    check_roundtrip(example.graph, example.feeds)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("harvested", [h for h in harvested_cases() if getattr(h.case, "grad", False)],
+                         ids=[i for h, i in zip(harvested_cases(), _case_ids()) if getattr(h.case, "grad", False)])
+def test_roundtrip_op_case_gradient(harvested):
+    example = _built(case_gradient_graph, harvested.case)
+    check_roundtrip(example.graph, example.feeds)
+
+
+# ============================================================================ every registered op
+
+
+def _ops_in(graph: Graph) -> Iterator[str]:
+    for node in graph.nodes:
+        yield node.op.name
+        for a in node.attrs.values():
+            if isinstance(a, Graph):
+                yield from _ops_in(a)
+
+
+@functools.lru_cache(maxsize=None)
+def covered_ops() -> frozenset:
+    """Names of the ops in some graph the tests above round-trip."""
+    names: set = set()
+    makers: List[Callable[[], Example]] = list(EXAMPLES.values())
+    makers += [functools.partial(case_graph, h.case) for h in harvested_cases()]
+    makers += [functools.partial(case_gradient_graph, h.case) for h in harvested_cases() if h.case.grad]
+    for make in makers:
+        try:
+            names.update(_ops_in(make().graph))
+        except (Exception, pytest.skip.Exception):  # counted as not covered; the test itself reports why
+            continue
+    return frozenset(names)
+
+
+GENERIC_SHAPES = [(2, 3), (2, 3, 4, 5), (6,), ()]
+
+
+def generic_graph(op: Any) -> Optional[Example]:
+    """A graph of one node of ``op`` with default attributes on float32 inputs, if any shape fits."""
+    lo, hi = op.num_inputs
+    for shape in GENERIC_SHAPES:
+        for n in sorted({lo, max(lo, 1), max(lo, 2)}):
+            if hi is not None and n > hi:
+                continue
+            syms = [input_value(f32(*shape), f"in{i}") for i in range(n)]
+            try:
+                outs = apply(op, syms, {}, source="generic")
+            except CgvmError:
+                continue
+            feeds = [randn(*shape) for _ in syms]
+            return Example(Graph(syms, _as_list(outs), name=f"generic_{op.name}"), feeds)
+    return None
+
+
+@pytest.mark.parametrize("opname", sorted(all_ops()))
+def test_every_registered_op_round_trips(opname):
+    if opname in covered_ops():
+        return  # a round trip above has a node of this op
+    example = generic_graph(all_ops()[opname])
+    if example is None:
+        pytest.skip(f"no Case in tests/ops builds op {opname!r} and generic float32 inputs do not fit it")
+    try:
+        run(example.graph, example.feeds)
+    except Exception:  # its kernel wants other values; the structure still has to survive
+        example = example._replace(feeds=None)
+    check_roundtrip(example.graph, example.feeds)
+
+
+# ============================================================================ files
+
+
+def test_save_and_load_binary_and_text(tmp_path):
+    example = ex_gradients()
+    for name in ("g.cgvm", "g.pbtxt"):
+        path = tmp_path / name
+        save_graph(example.graph, path)
+        copy = load_graph(str(path))
+        assert graph_difference(example.graph, copy) is None
+    assert (tmp_path / "g.pbtxt").read_text().startswith("format_version: 1\nname: \"grads\"")
+
+
+def test_saving_is_deterministic(tmp_path):
+    graph = ex_params_and_constants().graph
+    save_graph(graph, tmp_path / "a.cgvm")
+    save_graph(through_bytes(graph), tmp_path / "b.cgvm")
+    assert (tmp_path / "a.cgvm").read_bytes() == (tmp_path / "b.cgvm").read_bytes()
+
+
+def test_constants_are_little_endian_raw_bytes():
+    x = input_value(TensorType([2], "int32"), "x")
+    y = E.add(x, np.array([1, 256], np.int32))
+    proto = graph_to_proto(Graph([x], [y]))
+    const = next(v for v in proto.values if v.kind == pb.ValueProto.CONST)
+    assert const.data.dtype == "int32" and list(const.data.dims) == [2]
+    assert const.data.raw_data == b"\x01\x00\x00\x00\x00\x01\x00\x00"
+    assert list(proto.values[0].type.dims) == [2] and proto.values[0].kind == pb.ValueProto.INPUT
+    unknown = graph_to_proto(Graph([input_value(TensorType([None, 3], "float32"))], []))
+    assert list(unknown.values[0].type.dims) == [-1, 3]
+
+
+# ============================================================================ corrupt data
+
+
+def _proto(example: Optional[Example] = None) -> pb.GraphProto:
+    return graph_to_proto((example or ex_elementwise_chain()).graph)
+
+
+def _load_fails(proto: pb.GraphProto, *fragments: str) -> str:
+    with pytest.raises(SerializationError) as info:
+        graph_from_proto(pb.GraphProto.FromString(proto.SerializeToString()))
+    msg = str(info.value)
+    for fragment in fragments:
+        assert fragment in msg, msg
+    return msg
+
+
+def test_not_a_graph_file(tmp_path):
+    for name, data in (("junk.cgvm", b"\xff\xfe\x00garbage"), ("empty.cgvm", b""),
+                       ("truncated.cgvm", graph_to_proto(ex_gradients().graph).SerializeToString()[:-7]),
+                       ("junk.pbtxt", b"values { id: ")):
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(SerializationError) as info:
+            load_graph(path)
+        assert str(info.value).startswith(str(path)), info.value
+
+
+def test_format_version():
+    proto = _proto()
+    proto.format_version = FORMAT_VERSION + 1
+    _load_fails(proto, f"format {FORMAT_VERSION + 1}", "newer cgvm")
+    proto.format_version = 0
+    _load_fails(proto, "not a cgvm graph")
+
+
+def test_unknown_op_says_to_import_it():
+    proto = _proto()
+    proto.nodes[1].op = "frobnicate"
+    _load_fails(proto, "graph 'chain'", "node #1", "unknown op 'frobnicate'", "import cgvm")
+
+
+def test_node_reads_an_undefined_value_or_a_value_computed_later():
+    proto = _proto()
+    proto.nodes[0].inputs[0] = 999
+    _load_fails(proto, "node #0", "reads value 999", "does not define")
+    proto = _proto()
+    proto.nodes[0].inputs[0] = proto.nodes[2].outputs[0]
+    _load_fails(proto, "node #0", "before the node computing it")
+
+
+def test_bad_attribute_value_names_node_attribute_and_source():
+    proto = _proto()
+    relu = next(n for n in proto.nodes if n.op == "relu")
+    relu.attrs["negative_slope"].s = "steep"
+    msg = _load_fails(proto, "relu", "cannot be rebuilt", "'negative_slope'", "expected a number")
+    assert __file__ in msg  # the node's stored source: where the user wrote it
+    relu.attrs["negative_slope"].Clear()
+    _load_fails(proto, "attribute 'negative_slope'", "has no value")
+    relu.attrs["negative_slope"].f = 0.5
+    relu.attrs["speed"].i = 3
+    _load_fails(proto, "no attribute 'speed'")
+
+
+def test_stored_output_type_must_agree_with_the_rule():
+    proto = _proto()
+    out_id = proto.nodes[0].outputs[0]
+    proto.values[out_id].type.dims[-1] = 5
+    _load_fails(proto, "output 0 is stored as float32[?,5]", "gives float32[?,4]")
+    proto = _proto()
+    proto.values[proto.nodes[0].outputs[0]].type.dtype = "int64"
+    _load_fails(proto, "stored as int64")
+
+
+def test_bad_types_and_tensors():
+    example = ex_params_and_constants()
+    cases = [
+        (lambda p: setattr(p.values[0].type, "dtype", "float128x"), "not a dtype"),
+        (lambda p: p.values[0].type.dims.__setitem__(0, -3), "bad dimensions"),
+        (lambda p: setattr(_const(p).data, "raw_data", _const(p).data.raw_data[:-1]), "truncated or corrupt"),
+        (lambda p: setattr(_const(p).data, "dtype", "object"), "cannot be loaded"),
+        (lambda p: _const(p).data.dims.append(2), "bytes"),
+        (lambda p: setattr(_const(p, "bool").data, "raw_data", b"\x02\x00\x01"), "other than 0 and 1"),
+        (lambda p: _const(p).ClearField("data"), "a constant without data"),
+        (lambda p: setattr(_const(p).data, "dtype", "int8"), "constant data is int8[3] but its type says bool[3]"),
+    ]
+    for corrupt, fragment in cases:
+        proto = _proto(example)
+        corrupt(proto)
+        _load_fails(proto, "graph 'leaves'", fragment)
+
+
+def _const(proto: pb.GraphProto, dtype: Optional[str] = None) -> pb.ValueProto:
+    return next(v for v in proto.values if v.kind == pb.ValueProto.CONST and (dtype is None or v.data.dtype == dtype))
+
+
+def test_bad_values():
+    proto = _proto(ex_params_and_constants())
+    param = next(v for v in proto.values if v.kind == pb.ValueProto.PARAM)
+    param.ClearField("name")
+    _load_fails(proto, "a parameter without a name")
+    proto = _proto()
+    proto.values[0].kind = pb.ValueProto.KIND_UNSPECIFIED
+    _load_fails(proto, "value 0", "unknown value kind")
+    proto = _proto()
+    proto.values.add().CopyFrom(proto.values[0])
+    _load_fails(proto, "value id 0 is defined twice")
+    proto = _proto()
+    proto.inputs.append(proto.inputs[0])
+    _load_fails(proto, "given twice as an input")
+    proto = _proto()
+    del proto.inputs[1]
+    _load_fails(proto, "an input value that is not among the graph's inputs")
+    proto = _proto()
+    proto.outputs.append(12345)
+    _load_fails(proto, "a graph output reads value 12345")
+    proto = _proto()
+    proto.nodes[0].outputs.append(proto.nodes[1].outputs[0])
+    _load_fails(proto, "node #0", "2 stored outputs", "gives 1")
+    proto = _proto()
+    proto.nodes[1].outputs[0] = proto.nodes[0].outputs[0]
+    _load_fails(proto, "node #1", "already has a value")
+
+
+def test_corrupt_sub_graph_names_the_path_to_it(attr_op):
+    x = input_value(f32(2), "x")
+    y = apply(attr_op, [x], {"body": _body(1)}, name="outer_node")
+    proto = graph_to_proto(Graph([x], [y], name="main"))
+    inner = proto.nodes[0].attrs["body"].graph
+    inner.nodes[0].op = "nope"
+    _load_fails(proto, "graph 'main', node #0", "attribute 'body': graph 'body1'", "unknown op 'nope'")
+
+
+def test_unclosed_graphs_cannot_be_saved():
+    x = input_value(f32(2), "x")
+    stray = input_value(f32(2), "stray")
+    y = E.add(x, stray)
+    with pytest.raises(SerializationError, match=r"reads %stray.*neither a graph input"):
+        graph_to_proto(Graph([x], [y], nodes=[y.node]))
+    a = E.exp(x)
+    b = E.tanh(a)
+    with pytest.raises(SerializationError, match="not in topological order"):
+        graph_to_proto(Graph([x], [b], nodes=[b.node, a.node]))
+
+
+def test_not_a_proto():
+    with pytest.raises(SerializationError, match="expected a cgvm GraphProto"):
+        graph_from_proto(b"bytes")
+
+
+# ============================================================================ the comparison the tests rely on
+
+
+def test_graph_difference_finds_what_a_round_trip_could_lose():
+    def two():
+        x = input_value(f32(3), "x")
+        with source_scope("s.py:1"):
+            y = E.relu(E.add(x, np.float32(1.0)), negative_slope=0.5, name="r")
+        return Graph([x], [y], name="g")
+
+    assert graph_difference(two(), two()) is None
+    a = two()
+    b = two()
+    b.nodes[1].source = "s.py:2"
+    assert "source 's.py:2'" in graph_difference(a, b)
+    b = two()
+    b.nodes[1].attrs = {"negative_slope": 0.25}
+    assert "attribute 'negative_slope'" in graph_difference(a, b)
+    b = two()
+    b.nodes[0].inputs[1].data = np.array(2.0, np.float32)
+    assert "constant data" in graph_difference(a, b)
+    b = two()
+    b.inputs[0].name = "y"
+    assert "input 0" in graph_difference(a, b)
+    b = two()
+    b.nodes[0].inputs = (b.nodes[0].inputs[1], b.nodes[0].inputs[0])
+    assert "input 0" in graph_difference(a, b)
+
+
+# ============================================================================ the generated module
+
+
+def test_checked_in_module_matches_a_fresh_generation():
+    pytest.importorskip("grpc_tools", reason="grpcio-tools is needed to run protoc")
+    spec = importlib.util.spec_from_file_location("gen_cgvm_proto", REPO_ROOT / "scripts" / "gen_cgvm_proto.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    fresh = generator.generate_source()
+    assert generator.OUTPUT_FILE.read_text(encoding="utf-8") == fresh, \
+        "cgvm/ir/cgvm_pb2.py is stale: run python scripts/gen_cgvm_proto.py"
+
+
+def test_checked_in_module_has_no_runtime_version_gate():
+    text = (REPO_ROOT / "cgvm" / "ir" / "cgvm_pb2.py").read_text(encoding="utf-8")
+    assert "ValidateProtobufRuntimeVersion" not in text and "runtime_version" not in text
+
+
+# ============================================================================ the suite-wide check
+
+
+def test_conftest_round_trips_every_compiled_graph(monkeypatch):
+    from cgvm.ir import serialize
+
+    x = input_value(f32(2), "x")
+    cgvm.compile([x], [E.exp(x)])  # passes the check
+    monkeypatch.setattr(serialize, "graph_difference", lambda a, b: "a difference planted by this test")
+    with pytest.raises(pytest.fail.Exception, match="planted by this test"):
+        cgvm.compile([x], [E.exp(x)], name="checked")

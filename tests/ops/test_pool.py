@@ -1,0 +1,320 @@
+"""Pooling ops against direct NumPy loops written from Caffe's rules, Caffe's test numbers, and PyTorch."""
+import math
+
+import numpy as np
+import pytest
+
+import cgvm
+from cgvm.errors import GraphBuildError, ShapeError
+from cgvm.ir import TensorType, input_value
+from cgvm.ops import elementwise as E
+from cgvm.ops import pool as P
+from cgvm.ops import reduce as R
+from harness import Case, check_case, check_grad
+
+rng = np.random.default_rng(11)
+
+
+def r(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- reference (Caffe's loops)
+
+def _spatial(v, nsp):
+    v = (v,) if isinstance(v, int) else tuple(v)
+    return v * nsp if len(v) == 1 else v
+
+
+def _pads(pad, nsp):
+    pad = (pad,) if isinstance(pad, int) else tuple(pad)
+    if len(pad) == 1:
+        return [(pad[0], pad[0])] * nsp
+    if len(pad) == nsp:
+        return [(p, p) for p in pad]
+    return list(zip(pad[:nsp], pad[nsp:]))
+
+
+def ref_out_size(n, k, s, pad_begin, pad_end, ceil_mode):
+    if ceil_mode:
+        out = int(math.ceil(float(n + pad_begin + pad_end - k) / s)) + 1
+        if (out - 1) * s >= n + pad_begin:  # the last window must start inside image or left padding
+            out -= 1
+        return out
+    return (n + pad_begin + pad_end - k) // s + 1
+
+
+def ref_pool(x, kernel, stride=None, pad=0, ceil_mode=False, mode="max", count_include_pad=True):
+    """Returns (pooled, mask) for max, pooled for avg; windows as in Caffe's pooling_layer.cpp."""
+    nsp = x.ndim - 2
+    k = _spatial(kernel, nsp)
+    s = _spatial(stride if stride is not None else kernel, nsp)
+    pads = _pads(pad, nsp)
+    sizes = x.shape[2:]
+    outs = [ref_out_size(sizes[i], k[i], s[i], pads[i][0], pads[i][1], ceil_mode) for i in range(nsp)]
+    y = np.zeros(x.shape[:2] + tuple(outs), x.dtype)
+    mask = np.zeros(y.shape, np.int64)
+    for p in np.ndindex(*outs):
+        start = [p[i] * s[i] - pads[i][0] for i in range(nsp)]
+        end_padded = [min(start[i] + k[i], sizes[i] + pads[i][1]) for i in range(nsp)]
+        pool_size = np.prod([end_padded[i] - start[i] for i in range(nsp)])
+        lo = [max(start[i], 0) for i in range(nsp)]
+        hi = [min(end_padded[i], sizes[i]) for i in range(nsp)]
+        window = x[(slice(None), slice(None)) + tuple(slice(lo[i], hi[i]) for i in range(nsp))]
+        flat = window.reshape(x.shape[0], x.shape[1], -1)
+        at = (slice(None), slice(None)) + p
+        if mode == "max":
+            first = flat.argmax(axis=2)  # first maximum in row-major window order
+            y[at] = flat.max(axis=2)
+            coords = np.unravel_index(first, [hi[i] - lo[i] for i in range(nsp)])
+            mask[at] = np.ravel_multi_index(tuple(c + lo[i] for i, c in enumerate(coords)), sizes)
+        else:
+            divisor = pool_size if count_include_pad else flat.shape[2]
+            y[at] = flat.sum(axis=2) / divisor
+    return (y, mask) if mode == "max" else y
+
+
+def ref_max_pool_grad(x, g, **attrs):
+    """Each g routed to the first argmax of its window (accumulating where windows overlap)."""
+    _, mask = ref_pool(x, **attrs)
+    dx = np.zeros(x.shape[:2] + (int(np.prod(x.shape[2:])),), g.dtype)
+    for n, c in np.ndindex(*x.shape[:2]):
+        np.add.at(dx[n, c], mask[n, c].ravel(), g[n, c].ravel())
+    return dx.reshape(x.shape)
+
+
+def ref_max_pool_select(x, v, **attrs):
+    _, mask = ref_pool(x, **attrs)
+    flat = v.reshape(v.shape[:2] + (-1,))
+    return np.take_along_axis(flat, mask.reshape(mask.shape[:2] + (-1,)), axis=2).reshape(mask.shape)
+
+
+def ref_avg_pool_grad(g, x, **attrs):
+    """Adjoint of the averaging map, built column by column from ref_pool."""
+    flat = np.zeros(x.size, g.dtype)
+    dx = np.zeros(x.size, g.dtype)
+    for j in range(x.size):
+        flat[j] = 1
+        dx[j] = (ref_pool(flat.reshape(x.shape), mode="avg", **attrs) * g).sum()
+        flat[j] = 0
+    return dx.reshape(x.shape)
+
+
+# --------------------------------------------------------------------------- cases
+
+def max_case(name, x, dynamic=False, **attrs):
+    return Case(name, lambda v: P.max_pool(v, **attrs), [x], lambda a: ref_pool(a, **attrs)[0], dynamic=dynamic)
+
+
+def mask_case(name, x, **attrs):
+    return Case(name, lambda v: P.max_pool(v, return_mask=True, **attrs), [x], lambda a: ref_pool(a, **attrs))
+
+
+def avg_case(name, x, dynamic=False, **attrs):
+    return Case(name, lambda v: P.avg_pool(v, **attrs), [x], lambda a: ref_pool(a, mode="avg", **attrs),
+                dynamic=dynamic)
+
+
+CASES = [
+    max_case("max2d_k2", r(2, 3, 4, 6), kernel=2),
+    max_case("max2d_k3s2p1_ceil", r(2, 2, 7, 6), kernel=3, stride=2, pad=1, ceil_mode=True),
+    max_case("max2d_ceil_extra_output", r(1, 2, 6, 6), kernel=3, stride=2, ceil_mode=True),
+    max_case("max2d_floor", r(1, 2, 6, 6), kernel=3, stride=2),
+    max_case("max2d_rect_overlap", r(2, 2, 6, 5), kernel=(3, 2), stride=1),
+    max_case("max2d_asym_pad", r(1, 2, 5, 5), kernel=2, stride=2, pad=(0, 0, 1, 1)),
+    max_case("max2d_clip_rule", r(1, 1, 5, 5), kernel=2, stride=2, pad=1, ceil_mode=True),
+    max_case("max1d", r(2, 3, 9), kernel=3, stride=2, pad=1),
+    max_case("max3d", r(1, 2, 4, 5, 3), kernel=(2, 3, 2), stride=(2, 2, 1), ceil_mode=True),
+    max_case("max2d_dynamic", r(2, 2, 7, 5), dynamic=True, kernel=3, stride=2, pad=1, ceil_mode=True),
+    Case("max2d_int", lambda v: P.max_pool(v, kernel=2, pad=1, stride=2),
+         [rng.integers(-50, 50, (1, 2, 5, 5)).astype(np.int32)],
+         lambda a: ref_pool(a, kernel=2, pad=1, stride=2)[0], grad=False),
+    mask_case("max2d_mask", r(2, 2, 6, 5), kernel=3, stride=2, pad=1, ceil_mode=True),
+    mask_case("max1d_mask", r(1, 2, 7), kernel=2, stride=1),
+    avg_case("avg2d_k2", r(2, 3, 4, 6), kernel=2),
+    avg_case("avg2d_pad_ceil", r(2, 2, 7, 6), kernel=3, stride=2, pad=1, ceil_mode=True),
+    avg_case("avg2d_ceil_overhang", r(1, 2, 6, 6), kernel=3, stride=2, ceil_mode=True),
+    avg_case("avg2d_exclude_pad", r(1, 2, 5, 6), kernel=3, stride=2, pad=1, ceil_mode=True,
+             count_include_pad=False),
+    avg_case("avg2d_asym_pad", r(1, 2, 5, 5), kernel=(2, 3), stride=(2, 1), pad=(1, 0, 0, 2)),
+    avg_case("avg1d", r(2, 2, 8), kernel=4, stride=3, pad=2, ceil_mode=True),
+    avg_case("avg3d", r(1, 2, 3, 4, 4), kernel=2, stride=(1, 2, 2), pad=(1, 0, 1)),
+    avg_case("avg2d_dynamic", r(2, 2, 7, 5), dynamic=True, kernel=3, stride=2, pad=1, ceil_mode=True),
+    Case("max_pool_grad", lambda x, g: P.max_pool_grad(x, g, kernel=3, stride=2, pad=1, ceil_mode=True),
+         [r(2, 2, 6, 5), r(2, 2, 4, 3)], lambda x, g: ref_max_pool_grad(x, g, kernel=3, stride=2, pad=1, ceil_mode=True),
+         grad_inputs=[1]),
+    Case("max_pool_grad_overlap", lambda x, g: P.max_pool_grad(x, g, kernel=2, stride=1),
+         [r(1, 2, 4, 4), r(1, 2, 3, 3)], lambda x, g: ref_max_pool_grad(x, g, kernel=2, stride=1),
+         grad_inputs=[1], dynamic=True),
+    Case("max_pool_select", lambda x, v: P.max_pool_select(x, v, kernel=3, stride=2, pad=1),
+         [r(2, 2, 6, 5), r(2, 2, 6, 5)], lambda x, v: ref_max_pool_select(x, v, kernel=3, stride=2, pad=1),
+         grad_inputs=[1]),
+    Case("avg_pool_grad", lambda g, x: P.avg_pool_grad(g, x, kernel=3, stride=2, pad=1, ceil_mode=True),
+         [r(1, 2, 4, 3), r(1, 2, 6, 5)], lambda g, x: ref_avg_pool_grad(g, x, kernel=3, stride=2, pad=1, ceil_mode=True),
+         grad_inputs=[0]),
+    Case("avg_pool_grad_exclude_pad", lambda g, x: P.avg_pool_grad(g, x, kernel=2, stride=2, pad=1,
+                                                                   count_include_pad=False),
+         [r(1, 2, 3, 3), r(1, 2, 5, 4)],
+         lambda g, x: ref_avg_pool_grad(g, x, kernel=2, stride=2, pad=1, count_include_pad=False),
+         grad_inputs=[0], dynamic=True),
+    Case("global_avg", P.global_avg_pool, [r(2, 3, 4, 5)], lambda a: a.mean(axis=(2, 3), keepdims=True)),
+    Case("global_avg_1d_dynamic", P.global_avg_pool, [r(2, 3, 7)], lambda a: a.mean(axis=2, keepdims=True),
+         dynamic=True),
+    Case("global_max", P.global_max_pool, [r(2, 3, 4, 5)], lambda a: a.max(axis=(2, 3), keepdims=True)),
+    Case("global_max_3d_dynamic", P.global_max_pool, [r(1, 2, 3, 2, 4)], lambda a: a.max(axis=(2, 3, 4),
+                                                                                         keepdims=True), dynamic=True),
+    Case("global_max_pool_grad", P.global_max_pool_grad, [r(2, 3, 3, 4), r(2, 3, 1, 1)],
+         lambda x, g: ref_max_pool_grad(x, g, kernel=(3, 4)), grad_inputs=[1]),
+    Case("global_max_pool_select", P.global_max_pool_select, [r(2, 3, 3, 4), r(2, 3, 3, 4)],
+         lambda x, v: ref_max_pool_select(x, v, kernel=(3, 4)), grad_inputs=[1]),
+    Case("global_avg_pool_grad", P.global_avg_pool_grad, [r(2, 3, 1, 1), r(2, 3, 3, 4)],
+         lambda g, x: np.broadcast_to(g / 12, x.shape), grad_inputs=[0]),
+    Case("max_pool_second_order", lambda x: cgvm.grad(R.sum(E.mul(P.max_pool(x, kernel=2, stride=1),
+                                                                  P.max_pool(x, kernel=2, stride=1))), x),
+         [r(1, 2, 4, 4)], lambda x: ref_max_pool_grad(x, 2 * ref_pool(x, kernel=2, stride=1)[0], kernel=2, stride=1)),
+    Case("avg_pool_second_order", lambda x: cgvm.grad(R.sum(E.mul(P.avg_pool(x, kernel=3, stride=2, pad=1),
+                                                                  P.avg_pool(x, kernel=3, stride=2, pad=1))), x),
+         [r(1, 2, 5, 5)], lambda x: ref_avg_pool_grad(2 * ref_pool(x, kernel=3, stride=2, pad=1, mode="avg"), x,
+                                                      kernel=3, stride=2, pad=1)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_values(case, backend):
+    check_case(case, backend)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.grad], ids=repr)
+def test_gradients(case, backend):
+    check_grad(case, backend)
+
+
+# --------------------------------------------------------------------------- Caffe's test_pooling_layer.cpp
+
+def _run(build, x):
+    sym = input_value(TensorType(x.shape, x.dtype), "x")
+    out = build(sym)
+    outs = list(out) if isinstance(out, tuple) else [out]
+    return cgvm.compile([sym], outs)(x)
+
+
+def _planes(plane, n=2, c=2):
+    return np.broadcast_to(np.asarray(plane, np.float32), (n, c) + np.shape(plane)).copy()
+
+
+MAGIC6 = [[35, 1, 6, 26, 19, 24], [3, 32, 7, 21, 23, 25], [31, 9, 2, 22, 27, 20],
+          [8, 28, 33, 17, 10, 15], [30, 5, 34, 12, 14, 16], [4, 36, 29, 13, 18, 11]]
+CAFFE_MAX = [
+    ("square", [[1, 2, 5, 2, 3], [9, 4, 1, 4, 8], [1, 2, 5, 2, 3]], (2, 2),
+     [[9, 5, 5, 8], [9, 5, 5, 8]], [[5, 2, 2, 9], [5, 12, 12, 9]]),
+    ("rect_high", MAGIC6, (3, 2),
+     [[35, 32, 26, 27, 27], [32, 33, 33, 27, 27], [31, 34, 34, 27, 27], [36, 36, 34, 18, 18]],
+     [[0, 7, 3, 16, 16], [7, 20, 20, 16, 16], [12, 26, 26, 16, 16], [31, 31, 26, 34, 34]]),
+    ("rect_wide", MAGIC6, (2, 3),
+     [[35, 32, 26, 26], [32, 32, 27, 27], [33, 33, 33, 27], [34, 34, 34, 17], [36, 36, 34, 18]],
+     [[0, 7, 3, 3], [7, 7, 16, 16], [20, 20, 20, 16], [26, 26, 26, 21], [31, 31, 26, 34]]),
+]
+
+
+@pytest.mark.parametrize("name,plane,kernel,want,want_mask", CAFFE_MAX, ids=[c[0] for c in CAFFE_MAX])
+def test_caffe_max_with_mask(name, plane, kernel, want, want_mask):
+    y, mask = _run(lambda v: P.max_pool(v, kernel=kernel, stride=1, ceil_mode=True, return_mask=True),
+                   _planes(plane))
+    np.testing.assert_array_equal(y, _planes(want))
+    np.testing.assert_array_equal(mask, _planes(want_mask).astype(np.int64))
+
+
+def test_caffe_max_padded_and_ave_padded():
+    x = _planes([[1, 2, 4], [2, 3, 2], [4, 2, 1]], 1, 1)
+    y, = _run(lambda v: P.max_pool(v, kernel=3, stride=2, pad=2, ceil_mode=True), x)
+    np.testing.assert_array_equal(y, _planes([[1, 4, 4], [4, 4, 4], [4, 4, 1]], 1, 1))
+    y, = _run(lambda v: P.avg_pool(v, kernel=3, stride=1, pad=1, ceil_mode=True), np.full((1, 1, 3, 3), 2, np.float32))
+    want = np.array([[8 / 9, 4 / 3, 8 / 9], [4 / 3, 2, 4 / 3], [8 / 9, 4 / 3, 8 / 9]], np.float32)
+    np.testing.assert_allclose(y[0, 0], want, rtol=1e-6)
+
+
+def test_caffe_shapes_and_ceil_rules():
+    x = np.zeros((2, 3, 6, 5), np.float32)
+    assert _run(lambda v: P.max_pool(v, kernel=3, stride=2, ceil_mode=True), x)[0].shape == (2, 3, 3, 2)
+    assert _run(lambda v: P.avg_pool(v, kernel=3, stride=2, pad=1, ceil_mode=True), x)[0].shape == (2, 3, 4, 3)
+    assert _run(P.global_avg_pool, x)[0].shape == (2, 3, 1, 1)
+    # GoogLeNet pool1: ceil gives 56 where floor (and conv) give 55
+    big = np.zeros((1, 1, 112, 112), np.float32)
+    assert _run(lambda v: P.max_pool(v, kernel=3, stride=2, ceil_mode=True), big)[0].shape[2:] == (56, 56)
+    assert _run(lambda v: P.max_pool(v, kernel=3, stride=2), big)[0].shape[2:] == (55, 55)
+    # k3 s2 p1 on 28 -> 15 (no clip); k2 s2 p1 on 5 -> ceil gives 4, the clip rule takes it to 3
+    assert _run(lambda v: P.max_pool(v, kernel=3, stride=2, pad=1, ceil_mode=True),
+                np.zeros((1, 1, 28, 28), np.float32))[0].shape[2:] == (15, 15)
+    assert _run(lambda v: P.max_pool(v, kernel=2, stride=2, pad=1, ceil_mode=True),
+                np.zeros((1, 1, 5, 5), np.float32))[0].shape[2:] == (3, 3)
+    assert _run(lambda v: P.max_pool(v, kernel=3, stride=2, pad=2, ceil_mode=True),
+                np.zeros((1, 1, 3, 3), np.float32))[0].shape[2:] == (3, 3)
+
+
+def test_caffe_ave_ramp_ceil_overhang():
+    # windows running past the image edge in ceil mode are divided by their clipped size
+    ramp = np.arange(36, dtype=np.float32).reshape(1, 1, 6, 6)
+    y, = _run(lambda v: P.avg_pool(v, kernel=3, stride=2, ceil_mode=True), ramp)
+    np.testing.assert_allclose(y[0, 0], [[7, 9, 10.5], [19, 21, 22.5], [28, 30, 31.5]], rtol=1e-6)
+
+
+def test_kernels_write_into_out():
+    x = r(2, 3, 6, 5)
+    attrs = dict(kernel=(3,), stride=(2,), pad=(1,), ceil_mode=True)
+    buf = np.empty((2, 3, 4, 3), np.float32)
+    assert P.max_pool.bind(np, dict(attrs, return_mask=False))(x, out=buf) is buf
+    np.testing.assert_array_equal(buf, ref_pool(x, 3, 2, 1, True)[0])
+    assert P.avg_pool.bind(np, dict(attrs, count_include_pad=True))(x, out=buf) is buf
+    np.testing.assert_allclose(buf, ref_pool(x, 3, 2, 1, True, mode="avg"), rtol=1e-5, atol=1e-6)
+    gbuf = np.empty_like(x)
+    assert P.max_pool_grad.bind(np, attrs)(x, buf, out=gbuf) is gbuf
+    np.testing.assert_allclose(gbuf, ref_max_pool_grad(x, buf, kernel=3, stride=2, pad=1, ceil_mode=True), rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- errors in the user's terms
+
+def test_bad_pooling_arguments():
+    x = input_value(TensorType((None, 3, 8, 8), "float32"), "x")
+    with pytest.raises(ShapeError, match=r"must be smaller than the kernel.*test_pool\.py"):
+        P.max_pool(x, kernel=2, pad=2)
+    with pytest.raises(ShapeError, match=r"kernel has 3 values.*test_pool\.py"):
+        P.avg_pool(x, kernel=(2, 2, 2))
+    with pytest.raises(ShapeError, match=r"larger than the padded input"):
+        P.max_pool(x, kernel=9)
+    with pytest.raises(ShapeError, match=r"at least one spatial axis"):
+        P.global_max_pool(input_value(TensorType((2, 3), "float32")))
+    with pytest.raises(GraphBuildError, match=r"needs attribute 'kernel'"):
+        P.max_pool(x)
+
+
+# --------------------------------------------------------------------------- PyTorch, where installed
+
+TORCH_POOL = [
+    dict(kernel=3, stride=2, pad=1, ceil_mode=True),
+    dict(kernel=(3, 2), stride=(2, 1), pad=(1, 0), ceil_mode=False),
+    dict(kernel=2, stride=2, pad=1, ceil_mode=True),
+    dict(kernel=3, stride=3, pad=1, ceil_mode=True),
+]
+
+
+@pytest.mark.parametrize("cfg", TORCH_POOL, ids=str)
+@pytest.mark.parametrize("count_include_pad", [True, False])
+def test_against_torch(cfg, count_include_pad):
+    torch = pytest.importorskip("torch")
+    functional = torch.nn.functional
+    x = rng.standard_normal((2, 3, 7, 8))
+    kw = dict(kernel_size=cfg["kernel"], stride=cfg["stride"], padding=cfg["pad"], ceil_mode=cfg["ceil_mode"])
+    tx = torch.tensor(x, requires_grad=True)
+    tmax = functional.max_pool2d(tx, **kw)
+    tavg = functional.avg_pool2d(tx, count_include_pad=count_include_pad, **kw)
+    seed_max = rng.standard_normal(tuple(tmax.shape))
+    seed_avg = rng.standard_normal(tuple(tavg.shape))
+    ((tmax * torch.tensor(seed_max)).sum() + (tavg * torch.tensor(seed_avg)).sum()).backward()
+
+    xs = input_value(TensorType(x.shape, "float64"), "x")
+    ymax = P.max_pool(xs, **cfg)
+    yavg = P.avg_pool(xs, count_include_pad=count_include_pad, **cfg)
+    cost = E.add(R.sum(E.mul(ymax, seed_max)), R.sum(E.mul(yavg, seed_avg)))
+    got = cgvm.compile([xs], [ymax, yavg, cgvm.grad(cost, xs)])(x)
+    for mine, theirs in zip(got, [tmax, tavg, tx.grad]):
+        np.testing.assert_allclose(mine, theirs.detach().numpy(), rtol=1e-9, atol=1e-9)
