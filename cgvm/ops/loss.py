@@ -505,7 +505,7 @@ def _(node, g):
         spread = g          # broadcasts against diff
     else:
         axes = _mse_axes(diff.ndim, reduction)
-        kept = g if axes is None else shp.expand_dims(g, axis=axes)
+        kept = g if not axes else shp.expand_dims(g, axis=axes)
         spread = ew.div(kept, red.reduced_count(diff, axes, a.dtype))
     d_diff = ew.mul(ew.mul(diff, 2.0), spread)
     return [_unbroadcast(d_diff, a), _unbroadcast(ew.neg(d_diff), b)]

@@ -133,7 +133,7 @@ def _window_argmax(xp: Any, x: Any, geo: PoolGeometry) -> Tuple[Any, Any, Tuple[
     index = xp.zeros(best.shape, dtype=xp.intp)
     for i, sl in enumerate(slices[1:], 1):
         cand = xpad[sl]
-        better = cand >= best  # strict: an equal later value does not take over (Caffe's tie rule)
+        better = cand > best  # strict: an equal later value does not take over (Caffe's tie rule)
         xp.copyto(index, i, where=better)
         xp.copyto(best, cand, where=better)
     return best, index, out_sizes

@@ -754,7 +754,12 @@ def test_checked_in_module_has_no_runtime_version_gate():
 
 
 def test_conftest_round_trips_every_compiled_graph(monkeypatch):
+    import os
+
     from cgvm.ir import serialize
+
+    if os.environ.get("CGVM_TEST_ROUNDTRIP") == "0":
+        pytest.skip("the save/load check of compiled graphs is off (CGVM_TEST_ROUNDTRIP=0)")
 
     x = input_value(f32(2), "x")
     cgvm.compile([x], [E.exp(x)])  # passes the check

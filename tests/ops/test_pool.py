@@ -224,6 +224,18 @@ def test_caffe_max_with_mask(name, plane, kernel, want, want_mask):
     np.testing.assert_array_equal(mask, _planes(want_mask).astype(np.int64))
 
 
+def test_ties_go_to_the_first_max_in_window_order():
+    x = np.array([[[[1, 3, 3], [3, 3, 0], [2, 3, 3]]]], np.float32)
+    y, mask = _run(lambda v: P.max_pool(v, kernel=2, stride=1, return_mask=True), x)
+    np.testing.assert_array_equal(y[0, 0], [[3, 3], [3, 3]])
+    np.testing.assert_array_equal(mask[0, 0], [[1, 1], [3, 4]])
+    sym = input_value(TensorType(x.shape, "float32"), "x")
+    dx, = cgvm.compile([sym], [cgvm.grad(R.sum(P.max_pool(sym, kernel=2, stride=1)), sym)])(x)
+    np.testing.assert_array_equal(dx[0, 0], [[0, 2, 0], [1, 1, 0], [0, 0, 0]])
+    gdx, = cgvm.compile([sym], [cgvm.grad(R.sum(P.global_max_pool(sym)), sym)])(x)
+    np.testing.assert_array_equal(gdx[0, 0], [[0, 1, 0], [0, 0, 0], [0, 0, 0]])
+
+
 def test_caffe_max_padded_and_ave_padded():
     x = _planes([[1, 2, 4], [2, 3, 2], [4, 2, 1]], 1, 1)
     y, = _run(lambda v: P.max_pool(v, kernel=3, stride=2, pad=2, ceil_mode=True), x)

@@ -1,0 +1,171 @@
+"""The ``cgvm`` command line.
+
+Core commands live here (compile, dis, info, bench, demo); frontends add theirs (the Caffe
+frontend adds train, test, time, run, draw, data) by registering in COMMANDS.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Dict, List, Optional, Tuple
+
+from .errors import CgvmError
+
+# name -> (help, add_arguments(parser), run(args) -> exit code)
+COMMANDS: Dict[str, Tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
+
+
+def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None]):
+    def deco(fn: Callable[[argparse.Namespace], int]):
+        COMMANDS[name] = (help, add_arguments, fn)
+        return fn
+    return deco
+
+
+def load_graph_file(path: str, args: argparse.Namespace):
+    """A graph from a serialized cgvm graph, or from a Caffe prototxt when that frontend is present."""
+    if path.endswith((".prototxt", ".pt")):
+        from .frontends.caffe import graph_from_prototxt  # the Caffe frontend provides this hook
+
+        return graph_from_prototxt(path, phase=getattr(args, "phase", "TEST"))
+    from .ir.serialize import load_graph
+
+    return load_graph(path)
+
+
+def _compile_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a serialized graph (.cgvm) or a Caffe .prototxt")
+    p.add_argument("--print-after", default="", help="comma-separated pass names, or 'all'")
+    p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
+    p.add_argument("--debug", action="store_true", help="verify the IR after every pass")
+
+
+@command("compile", "run the compiler passes and print the IR after the chosen ones", _compile_args)
+def _compile(args: argparse.Namespace) -> int:
+    from .compiler import generate, run_passes
+
+    graph = load_graph_file(args.model, args)
+    shown = [s for s in args.print_after.split(",") if s]
+    out = run_passes(graph, debug=args.debug, print_after=shown)
+    if not shown:
+        print(out)
+    prog = generate(out)
+    print(f"// {len(out.nodes)} nodes, {len(prog.instrs)} instructions, {prog.n_slots} slots", file=sys.stderr)
+    return 0
+
+
+@command("dis", "print the bytecode of a compiled model", _compile_args)
+def _dis(args: argparse.Namespace) -> int:
+    from .compiler import generate, run_passes
+    from .vm import dis
+
+    print(dis(generate(run_passes(load_graph_file(args.model, args), debug=args.debug))))
+    return 0
+
+
+def _info_args(p: argparse.ArgumentParser) -> None:
+    _compile_args(p)
+    p.add_argument("--memory", action="store_true", help="report planned vs unplanned memory")
+    p.add_argument("--shape", action="append", default=[],
+                   help="NAME=D0,D1,... concrete shape of an input with unknown dimensions")
+
+
+@command("info", "summarize a model: inputs, parameters, ops, and (--memory) the memory plan", _info_args)
+def _info(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from .compiler import generate, infer_slot_types, plan_memory, run_passes
+    from .ir import TensorType
+
+    graph = run_passes(load_graph_file(args.model, args))
+    print(f"graph {graph.name}: {len(graph.inputs)} inputs, {len(graph.params)} parameters, "
+          f"{len(graph.nodes)} nodes, {len(graph.outputs)} outputs")
+    for v in graph.inputs:
+        print(f"  input {v.name}: {v.type!r}")
+    nparams = sum(p.type.size or 0 for p in graph.params)
+    print(f"  parameters: {nparams} values in {len(graph.params)} tensors")
+    for op, n in Counter(n.op.name for n in graph.nodes).most_common():
+        print(f"  {op:<20} {n}")
+    if args.memory:
+        shapes = dict(_parse_shape(s) for s in args.shape)
+        prog = generate(graph)
+        known = {}
+        for v, s in zip(graph.inputs, prog.input_slots):
+            shape = shapes.get(v.name, v.shape)
+            if None in shape:
+                raise CgvmError(f"input {v.name!r} has unknown dimensions {v.type!r}; give --shape {v.name}=...")
+            known[s] = TensorType(shape, v.dtype)
+        for p, (_, s) in zip(graph.params, prog.param_slots):
+            known[s] = p.type
+        plan = plan_memory(prog, infer_slot_types(prog, known))
+        weights = sum(p.type.nbytes or 0 for p in graph.params)
+        print(f"memory: weights {weights} bytes; activations planned {plan.planned_bytes} bytes "
+              f"vs {plan.unplanned_bytes} unplanned ({plan.summary()})")
+    return 0
+
+
+def _parse_shape(text: str):
+    name, _, dims = text.partition("=")
+    return name, tuple(int(d) for d in dims.split(","))
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", default=None)
+
+
+@command("bench", "run the benchmark suite beside the installed peers", _bench_args)
+def _bench(args: argparse.Namespace) -> int:
+    try:
+        from benchmarks.__main__ import main as bench_main
+    except ImportError:
+        raise CgvmError("the benchmarks live in the source checkout: run `python -m benchmarks` from it") from None
+    return bench_main((["--quick"] if args.quick else []) + (["--only", args.only] if args.only else []))
+
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+
+
+@command("demo", "train a classifier on the embedded digits data set and report test accuracy", _demo_args)
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import train_digits
+
+    acc = train_digits(epochs=args.epochs, seed=args.seed)
+    return 0 if acc > 0 else 1
+
+
+def _load_frontend_commands() -> None:
+    """Frontends register their commands on import; missing optional pieces are skipped."""
+    try:
+        from .frontends.caffe import cli_commands  # noqa: F401
+    except ImportError:
+        pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    _load_frontend_commands()
+    parser = argparse.ArgumentParser(prog="cgvm", description="Computational Graph Virtual Machine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, add_arguments, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_arguments(p)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command][2](args)
+    except CgvmError as exc:
+        print(f"cgvm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"cgvm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
