@@ -79,21 +79,22 @@ class Function:
         self._call = self._make_caller()
 
     def __call__(self, *args: Any) -> Any:
-        try:
-            return self._call(*args)
-        except TypeError:
-            if len(args) != len(self._in_dtypes):
-                raise InputError(f"{self.program.name} takes {len(self._in_dtypes)} inputs, "
-                                 f"got {len(args)}") from None
-            raise
+        """Run on ``args``; replaced per instance by the specialized path (see _make_caller)."""
+        return self._call(*args)
+
+    def _arity_error(self, args: tuple) -> None:
+        raise InputError(f"{self.program.name} takes {len(self._in_dtypes)} inputs, got {len(args)}")
 
     def _make_caller(self) -> Any:
         """A call path specialized to this function's arity, outputs and updates (no loops per call)."""
         n = len(self._in_dtypes)
         names = [f"a{i}" for i in range(n)]
         env: Dict[str, Any] = {"_nd": self._array_type, "_conv": self._convert, "_ws": self.workspace,
-                               "_get": self.executable.frames.get, "_prepare": self.executable.frame_for}
-        lines = [f"def call({', '.join(names)}):"]
+                               "_get": self.executable.frames.get, "_prepare": self.executable.frame_for,
+                               "_arity": self._arity_error}
+        lines = ["def call(self, *args):", f"    if len(args) != {n}: _arity(args)"]
+        if n:
+            lines.append(f"    {', '.join(names)}, = args")
         for i, a in enumerate(names):
             env[f"_d{i}"] = self._in_dtypes[i]
             lines.append(f"    if {a}.__class__ is not _nd or {a}.dtype is not _d{i}: {a} = _conv({i}, {a})")
@@ -109,7 +110,9 @@ class Function:
         else:
             lines.append(f"    return list(r[:{self.n_outputs}])" if self.update_names else "    return list(r)")
         exec(builtins.compile("\n".join(lines), f"<cgvm call {self.program.name}>", "exec"), env)
-        return env["call"]
+        # the call path becomes this instance's __call__ (a per-instance subclass): no extra Python layer
+        self.__class__ = type("Function", (Function,), {"__call__": env["call"], "__module__": __name__})
+        return env["call"].__get__(self)
 
     def _convert(self, i: int, a: Any) -> Any:
         want = self._in_dtypes[i]

@@ -56,16 +56,27 @@ class SerializationError(CgvmError):
 
 
 # ============================================================================ Graph -> GraphProto
+#
+# Helpers raise SerializationError with a message about the thing at hand; callers that know
+# the context (graph, node, attribute) catch it and prefix that, so no location text is built
+# unless something is wrong.
+
+
+def _located(prefix: str, exc: SerializationError) -> SerializationError:
+    return SerializationError(f"{prefix}: {exc}")
 
 
 def graph_to_proto(graph: Graph) -> pb.GraphProto:
     """The ``GraphProto`` of ``graph``; sub-graphs in attributes are nested GraphProtos."""
     out = pb.GraphProto()
-    _write_graph(graph, out, f"graph {graph.name!r}")
+    try:
+        _write_graph(graph, out)
+    except SerializationError as exc:
+        raise _located(f"graph {graph.name!r}", exc) from None
     return out
 
 
-def _write_graph(graph: Graph, out: pb.GraphProto, where: str) -> None:
+def _write_graph(graph: Graph, out: pb.GraphProto) -> None:
     out.format_version = FORMAT_VERSION
     out.name = graph.name
     ids: Dict[int, int] = {}  # id(Value) -> value id in this GraphProto
@@ -74,48 +85,60 @@ def _write_graph(graph: Graph, out: pb.GraphProto, where: str) -> None:
     def add(v: Value) -> int:
         vid = len(out.values)
         ids[id(v)] = vid
-        _write_value(v, vid, out.values.add(), where)
+        _write_value(v, vid, out.values.add())
         return vid
 
-    def leaf(v: Value, user: str) -> int:
-        """The id of a value read by ``user``; leaves are written when first read."""
+    def leaf(v: Value) -> int:
+        """The id of a value being read; leaves are written when first read."""
         vid = ids.get(id(v))
         if vid is not None:
             return vid
         if id(v) in produced:
-            raise SerializationError(f"{where}: {user} reads {v.label()} before the node computing it; "
-                                     "the nodes are not in topological order")
+            raise SerializationError(f"reads {v.label()} before the node computing it; the nodes are not in "
+                                     "topological order")
         if v.kind not in (PARAM, CONST):
             made = f" (computed at {v.source})" if v.source else ""
-            raise SerializationError(f"{where}: {user} reads {v.label()} ({v.type!r}){made}, which is neither "
-                                     "a graph input, a parameter, a constant nor computed by a node of the graph")
+            raise SerializationError(f"reads {v.label()} ({v.type!r}){made}, which is neither a graph input, "
+                                     "a parameter, a constant nor computed by a node of the graph")
         return add(v)
 
     for v in graph.inputs:
         if id(v) in ids:
-            raise SerializationError(f"{where}: {v.label()} is given twice as an input")
+            raise SerializationError(f"{v.label()} is given twice as an input")
         add(v)
     for k, node in enumerate(graph.nodes):
-        node_where = f"node #{k} ({node.where()})"
-        np_ = out.nodes.add()
-        np_.op = node.op.name
-        np_.inputs.extend(leaf(v, node_where) for v in node.inputs)
-        for o in node.outputs:
-            if id(o) in ids:
-                raise SerializationError(f"{where}: {node_where} computes {o.label()}, which already has a "
-                                         "value (a graph input or another node's output)")
-            np_.outputs.append(add(o))
-        for key, value in node.attrs.items():
-            _write_attr(value, np_.attrs[key], f"{where}, {node_where}, attribute {key!r}")
-        if node.name is not None:
-            np_.name = node.name
-        if node.source is not None:
-            np_.source = node.source
+        try:
+            _write_node(node, out.nodes.add(), leaf, add, ids)
+        except SerializationError as exc:
+            raise _located(f"node #{k} ({node.where()})", exc) from None
     out.inputs.extend(ids[id(v)] for v in graph.inputs)
-    out.outputs.extend(leaf(v, "a graph output") for v in graph.outputs)
+    try:
+        out.outputs.extend(leaf(v) for v in graph.outputs)
+    except SerializationError as exc:
+        raise _located("a graph output", exc) from None
 
 
-def _write_value(v: Value, vid: int, out: pb.ValueProto, where: str) -> None:
+def _write_node(node: Node, out: pb.NodeProto, leaf: Callable[[Value], int], add: Callable[[Value], int],
+                ids: Dict[int, int]) -> None:
+    out.op = node.op.name
+    out.inputs.extend(leaf(v) for v in node.inputs)
+    for o in node.outputs:
+        if id(o) in ids:
+            raise SerializationError(f"computes {o.label()}, which already has a value (a graph input or "
+                                     "another node's output)")
+        out.outputs.append(add(o))
+    for key, value in node.attrs.items():
+        try:
+            _write_attr(value, out.attrs[key])
+        except SerializationError as exc:
+            raise _located(f"attribute {key!r}", exc) from None
+    if node.name is not None:
+        out.name = node.name
+    if node.source is not None:
+        out.source = node.source
+
+
+def _write_value(v: Value, vid: int, out: pb.ValueProto) -> None:
     out.id = vid
     out.kind = _KIND_TO_PROTO[v.kind]
     out.type.dims.extend(-1 if d is None else d for d in v.type.shape)
@@ -123,15 +146,18 @@ def _write_value(v: Value, vid: int, out: pb.ValueProto, where: str) -> None:
     if v.name is not None:
         out.name = v.name
     if v.kind == CONST:
-        if v.data is None:
-            raise SerializationError(f"{where}: constant {v.label()} has no data")
-        _write_tensor(v.data, out.data, f"{where}, constant {v.label()}")
+        try:
+            if v.data is None:
+                raise SerializationError("it has no data")
+            _write_tensor(v.data, out.data)
+        except SerializationError as exc:
+            raise _located(f"constant {v.label()}", exc) from None
 
 
-def _write_tensor(arr: np.ndarray, out: pb.TensorProto, where: str) -> None:
+def _write_tensor(arr: np.ndarray, out: pb.TensorProto) -> None:
     arr = np.asarray(arr)
     if arr.dtype.kind not in _ARRAY_KINDS:
-        raise SerializationError(f"{where}: arrays of dtype {arr.dtype} cannot be saved; only numbers and bools")
+        raise SerializationError(f"arrays of dtype {arr.dtype} cannot be saved; only numbers and bools")
     out.dtype = arr.dtype.name
     out.dims.extend(arr.shape)
     out.raw_data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
@@ -145,15 +171,19 @@ def _is_float(x: Any) -> bool:
     return isinstance(x, (float, np.floating))
 
 
-def _write_attr(value: Any, out: pb.AttrValue, where: str) -> None:
+def _check_int64(x: Any) -> int:
+    if not _INT64_MIN <= x <= _INT64_MAX:
+        raise SerializationError(f"{x} does not fit in 64 bits")
+    return int(x)
+
+
+def _write_attr(value: Any, out: pb.AttrValue) -> None:
     if value is None:
         out.none.SetInParent()
     elif isinstance(value, (bool, np.bool_)):
         out.b = bool(value)
     elif _is_int(value):
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            raise SerializationError(f"{where}: {value} does not fit in 64 bits")
-        out.i = int(value)
+        out.i = _check_int64(value)
     elif _is_float(value):
         out.f = float(value)
     elif isinstance(value, str):
@@ -161,15 +191,16 @@ def _write_attr(value: Any, out: pb.AttrValue, where: str) -> None:
     elif isinstance(value, DType):
         out.dtype = value.name
     elif isinstance(value, np.ndarray):
-        _write_tensor(value, out.tensor, where)
+        _write_tensor(value, out.tensor)
     elif isinstance(value, Graph):
-        _write_graph(value, out.graph, f"{where}: graph {value.name!r}")
+        try:
+            _write_graph(value, out.graph)
+        except SerializationError as exc:
+            raise _located(f"graph {value.name!r}", exc) from None
     elif isinstance(value, (tuple, list)):
         items = list(value)
         if items and all(_is_int(x) for x in items):
-            for x in items:
-                _write_attr(x, pb.AttrValue(), where)  # range check
-            out.ints.values.extend(int(x) for x in items)
+            out.ints.values.extend(_check_int64(x) for x in items)
         elif items and all(_is_float(x) for x in items):
             out.floats.values.extend(float(x) for x in items)
         elif items and all(isinstance(x, str) for x in items):
@@ -177,11 +208,14 @@ def _write_attr(value: Any, out: pb.AttrValue, where: str) -> None:
         else:  # nested, mixed or empty: one AttrValue per item keeps every item's kind
             out.tuple.SetInParent()
             for i, x in enumerate(items):
-                _write_attr(x, out.tuple.values.add(), f"{where}[{i}]")
+                try:
+                    _write_attr(x, out.tuple.values.add())
+                except SerializationError as exc:
+                    raise _located(f"item {i}", exc) from None
     else:
-        raise SerializationError(f"{where}: a value of type {type(value).__name__} ({value!r:.60}) has no "
-                                 "serialized form; attributes must be numbers, bools, strings, None, dtypes, "
-                                 "arrays, graphs or tuples of these")
+        raise SerializationError(f"a value of type {type(value).__name__} ({value!r:.60}) has no serialized "
+                                 "form; attributes must be numbers, bools, strings, None, dtypes, arrays, graphs "
+                                 "or tuples of these")
 
 
 # ============================================================================ GraphProto -> Graph
@@ -191,125 +225,154 @@ def graph_from_proto(proto: pb.GraphProto) -> Graph:
     """Rebuild the graph of ``proto``: every node through ``apply``, so rules check it again."""
     if not isinstance(proto, pb.GraphProto):
         raise SerializationError(f"expected a cgvm GraphProto, got {type(proto).__name__}")
-    return _read_graph(proto, f"graph {proto.name!r}")
+    try:
+        return _read_graph(proto)
+    except SerializationError as exc:
+        raise _located(f"graph {proto.name!r}", exc) from None
 
 
-def _read_graph(proto: pb.GraphProto, where: str) -> Graph:
+def _read_graph(proto: pb.GraphProto) -> Graph:
     if proto.format_version < 1:
-        raise SerializationError(f"{where}: no format_version; this is not a cgvm graph (or it is empty)")
+        raise SerializationError("no format_version; this is not a cgvm graph (or it is empty)")
     if proto.format_version > FORMAT_VERSION:
-        raise SerializationError(f"{where}: written in format {proto.format_version} by a newer cgvm; "
-                                 f"this one reads formats up to {FORMAT_VERSION}")
+        raise SerializationError(f"written in format {proto.format_version} by a newer cgvm; this one reads "
+                                 f"formats up to {FORMAT_VERSION}")
     stored: Dict[int, pb.ValueProto] = {}
     for vp in proto.values:
         if vp.id in stored:
-            raise SerializationError(f"{where}: value id {vp.id} is defined twice")
+            raise SerializationError(f"value id {vp.id} is defined twice")
         stored[vp.id] = vp
     graph_inputs = set(proto.inputs)
+    if len(graph_inputs) != len(proto.inputs):
+        raise SerializationError("a value is given twice as an input")
     env: Dict[int, Value] = {}  # value id -> Value, filled as values become defined
     for vp in proto.values:
-        value = _read_leaf(vp, vp.id in graph_inputs, f"{where}, value {vp.id}")
+        try:
+            value = _read_leaf(vp, vp.id in graph_inputs)
+        except SerializationError as exc:
+            raise _located(f"value {vp.id}", exc) from None
         if value is not None:
             env[vp.id] = value
 
-    def lookup(vid: int, user: str) -> Value:
+    def lookup(vid: int) -> Value:
         hit = env.get(vid)
         if hit is not None:
             return hit
         if vid in stored:
-            raise SerializationError(f"{where}: {user} reads value {vid} before the node computing it")
-        raise SerializationError(f"{where}: {user} reads value {vid}, which the graph does not define")
+            raise SerializationError(f"reads value {vid} before the node computing it")
+        raise SerializationError(f"reads value {vid}, which the graph does not define")
 
-    if len(graph_inputs) != len(proto.inputs):
-        raise SerializationError(f"{where}: a value is given twice as an input")
     inputs = []
     for vid in proto.inputs:
-        if vid not in stored:
-            raise SerializationError(f"{where}: input value {vid} is not defined")
-        if stored[vid].kind != pb.ValueProto.INPUT and stored[vid].kind != pb.ValueProto.NODE:
-            raise SerializationError(f"{where}: input value {vid} is a {_kind_name(stored[vid].kind)}, "
-                                     "not an input")
+        vp = stored.get(vid)
+        if vp is None or vp.kind not in (pb.ValueProto.INPUT, pb.ValueProto.NODE):
+            what = "is not defined" if vp is None else f"is a {_kind_name(vp.kind)}, not an input"
+            raise SerializationError(f"input value {vid} {what}")
         inputs.append(env[vid])
     nodes: List[Node] = []
     for k, np_ in enumerate(proto.nodes):
-        nodes.append(_read_node(np_, k, stored, env, lookup, where))
-    outputs = [lookup(vid, "a graph output") for vid in proto.outputs]
+        try:
+            nodes.append(_read_node(np_, stored, env, lookup))
+        except SerializationError as exc:
+            raise _located(f"node #{k} ({_node_text(np_)})", exc) from None
+    outputs = []
+    for vid in proto.outputs:
+        try:
+            outputs.append(lookup(vid))
+        except SerializationError as exc:
+            raise _located("a graph output", exc) from None
     return Graph(inputs, outputs, nodes=nodes, name=proto.name)
+
+
+def _node_text(np_: pb.NodeProto) -> str:
+    name = repr(np_.name) if np_.HasField("name") and np_.name else ""
+    source = f"at {np_.source}" if np_.HasField("source") and np_.source else ""
+    return " ".join(x for x in (np_.op, name, source) if x)
 
 
 def _kind_name(kind: int) -> str:
     return _KIND_FROM_PROTO.get(kind, f"kind {kind}")
 
 
-def _read_leaf(vp: pb.ValueProto, is_graph_input: bool, where: str) -> Optional[Value]:
+def _read_leaf(vp: pb.ValueProto, is_graph_input: bool) -> Optional[Value]:
     """The Value of an input, parameter or constant (None for a value a node computes)."""
     kind = _KIND_FROM_PROTO.get(vp.kind)
     if kind is None:
-        raise SerializationError(f"{where}: unknown value kind {vp.kind}")
-    type_ = _read_type(vp.type, where)
+        raise SerializationError(f"unknown value kind {vp.kind}")
+    if kind == NODE and not is_graph_input:
+        return None
+    type_ = _read_type(vp.type)
     name = vp.name if vp.HasField("name") else None
     if kind == INPUT:
         if not is_graph_input:
-            raise SerializationError(f"{where}: an input value that is not among the graph's inputs")
+            raise SerializationError("an input value that is not among the graph's inputs")
         return input_value(type_, name)
     if kind == PARAM:
         if not name:
-            raise SerializationError(f"{where}: a parameter without a name")
+            raise SerializationError("a parameter without a name")
         return param_value(name, type_)
     if kind == CONST:
         if not vp.HasField("data"):
-            raise SerializationError(f"{where}: a constant without data")
-        data = _read_tensor(vp.data, where)
+            raise SerializationError("a constant without data")
+        data = _read_tensor(vp.data)
         if data.shape != type_.shape or data.dtype != type_.dtype.np:
-            raise SerializationError(f"{where}: constant data is {data.dtype}{list(data.shape)} but its type "
-                                     f"says {type_!r}")
+            raise SerializationError(f"constant data is {data.dtype}{list(data.shape)} but its type says {type_!r}")
         value = const_value(data, type_.dtype)
         value.name = name
         return value
-    if is_graph_input:  # a graph cut by pruning: a value some node computed, now fed from outside
-        return Value(type_, name=name, kind=NODE)
-    return None
+    # a graph cut by pruning: a value some node computed, now fed from outside
+    return Value(type_, name=name, kind=NODE)
 
 
-def _read_type(tp: pb.TensorTypeProto, where: str) -> TensorType:
-    if any(d < -1 for d in tp.dims):
-        raise SerializationError(f"{where}: bad dimensions {list(tp.dims)} (-1 is unknown, others are sizes)")
-    return TensorType([None if d == -1 else d for d in tp.dims], _read_dtype(tp.dtype, where))
+def _read_type(tp: pb.TensorTypeProto) -> TensorType:
+    dims = [None if d == -1 else d for d in tp.dims]
+    if any(d is not None and d < 0 for d in dims):
+        raise SerializationError(f"bad dimensions {list(tp.dims)} (-1 is unknown, others are sizes)")
+    return TensorType(dims, _read_dtype(tp.dtype))
 
 
-def _read_dtype(name: str, where: str) -> DType:
+def _read_dtype(name: str) -> DType:
+    hit = _DTYPES.get(name)  # a plain dict hit: loading checks a dtype for every value
+    if hit is not None:
+        return hit
     try:
-        return DType(name)
-    except CgvmError as exc:
-        raise SerializationError(f"{where}: {exc}") from None
+        dtype = DType(name)
+    except CgvmError as exc:  # DTypeError: not a dtype, or one cgvm does not support
+        raise SerializationError(str(exc)) from None
+    if dtype.name == name:
+        _DTYPES[name] = dtype
+    return dtype
 
 
-def _read_tensor(tp: pb.TensorProto, where: str) -> np.ndarray:
+_DTYPES: Dict[str, DType] = {}
+
+
+def _read_tensor(tp: pb.TensorProto) -> np.ndarray:
     try:
         dtype = np.dtype(tp.dtype)
     except TypeError:
-        raise SerializationError(f"{where}: unknown array dtype {tp.dtype!r}") from None
+        raise SerializationError(f"unknown array dtype {tp.dtype!r}") from None
     if dtype.kind not in _ARRAY_KINDS:
-        raise SerializationError(f"{where}: arrays of dtype {dtype} cannot be loaded; only numbers and bools")
+        raise SerializationError(f"arrays of dtype {dtype} cannot be loaded; only numbers and bools")
     dims = tuple(tp.dims)
     if any(d < 0 for d in dims):
-        raise SerializationError(f"{where}: bad array dimensions {list(dims)}")
+        raise SerializationError(f"bad array dimensions {list(dims)}")
     count = math.prod(dims)
     if len(tp.raw_data) != count * dtype.itemsize:
-        raise SerializationError(f"{where}: array data has {len(tp.raw_data)} bytes; {dtype}{list(dims)} needs "
+        raise SerializationError(f"array data has {len(tp.raw_data)} bytes; {dtype}{list(dims)} needs "
                                  f"{count * dtype.itemsize} (the data is truncated or corrupt)")
     raw = np.frombuffer(tp.raw_data, dtype=dtype.newbyteorder("<"), count=count)
     if dtype.kind == "b" and count and raw.view(np.uint8).max() > 1:
-        raise SerializationError(f"{where}: bool array data holds bytes other than 0 and 1")
+        raise SerializationError("bool array data holds bytes other than 0 and 1")
     arr = raw.reshape(dims).astype(dtype)  # a native-order, writable copy, then frozen as attrs are
     arr.flags.writeable = False
     return arr
 
 
-def _read_attr(av: pb.AttrValue, where: str) -> Any:
+def _read_attr(av: pb.AttrValue) -> Any:
     which = av.WhichOneof("value")
     if which is None:
-        raise SerializationError(f"{where}: the attribute has no value")
+        raise SerializationError("the attribute has no value")
     if which in ("i", "f", "b", "s"):
         return getattr(av, which)
     if which == "ints":
@@ -319,54 +382,65 @@ def _read_attr(av: pb.AttrValue, where: str) -> Any:
     if which == "strings":
         return tuple(str(x) for x in av.strings.values)
     if which == "dtype":
-        return _read_dtype(av.dtype, where)
+        return _read_dtype(av.dtype)
     if which == "tensor":
-        return _read_tensor(av.tensor, where)
+        return _read_tensor(av.tensor)
     if which == "graph":
-        return _read_graph(av.graph, f"{where}: graph {av.graph.name!r}")
+        try:
+            return _read_graph(av.graph)
+        except SerializationError as exc:
+            raise _located(f"graph {av.graph.name!r}", exc) from None
     if which == "none":
         return None
-    return tuple(_read_attr(x, f"{where}[{i}]") for i, x in enumerate(av.tuple.values))
+    items = []
+    for i, x in enumerate(av.tuple.values):
+        try:
+            items.append(_read_attr(x))
+        except SerializationError as exc:
+            raise _located(f"item {i}", exc) from None
+    return tuple(items)
 
 
-def _read_node(np_: pb.NodeProto, k: int, stored: Dict[int, pb.ValueProto], env: Dict[int, Value],
-               lookup: Callable[[int, str], Value], where: str) -> Node:
-    name = np_.name if np_.HasField("name") else None
-    source = np_.source if np_.HasField("source") else None
-    desc = " ".join(x for x in (np_.op, repr(name) if name else "", f"at {source}" if source else "") if x)
-    node_where = f"node #{k} ({desc})"
+def _read_node(np_: pb.NodeProto, stored: Dict[int, pb.ValueProto], env: Dict[int, Value],
+               lookup: Callable[[int], Value]) -> Node:
     try:
         op = get_op(np_.op)
     except KeyError:
-        raise SerializationError(f"{where}: {node_where}: unknown op {np_.op!r}; import the module that "
-                                 "defines it before loading (`import cgvm` registers the built-in ops)") from None
-    args = [lookup(vid, node_where) for vid in np_.inputs]
-    attrs = {key: _read_attr(np_.attrs[key], f"{where}, {node_where}, attribute {key!r}")
-             for key in sorted(np_.attrs)}
+        raise SerializationError(f"unknown op {np_.op!r}; import the module that defines it before loading "
+                                 "(`import cgvm` registers the built-in ops)") from None
+    args = [lookup(vid) for vid in np_.inputs]
+    attrs = {}
+    for key in sorted(np_.attrs):
+        try:
+            attrs[key] = _read_attr(np_.attrs[key])
+        except SerializationError as exc:
+            raise _located(f"attribute {key!r}", exc) from None
+    name = np_.name if np_.HasField("name") else None
+    source = np_.source if np_.HasField("source") else None
     try:
         # "" rather than None: None would make apply take the source from the Python stack (ours)
         built = apply(op, args, attrs, name=name, source="" if source is None else source)
-    except SerializationError:
-        raise
     except Exception as exc:  # a rule rejecting loaded data: the data is corrupt or from another op version
-        raise SerializationError(f"{where}: {node_where} cannot be rebuilt: {exc}") from exc
+        raise SerializationError(f"cannot be rebuilt: {exc}") from exc
     outs = built if isinstance(built, tuple) else (built,)
     if len(outs) != len(np_.outputs):
-        raise SerializationError(f"{where}: {node_where} has {len(np_.outputs)} stored outputs, but op "
-                                 f"{np_.op!r} gives {len(outs)}")
+        raise SerializationError(f"{len(np_.outputs)} stored outputs, but op {np_.op!r} gives {len(outs)}")
     node = outs[0].node
     node.source = source
     for i, (out, vid) in enumerate(zip(outs, np_.outputs)):
         vp = stored.get(vid)
         if vp is None or vp.kind != pb.ValueProto.NODE:
             what = "is not defined" if vp is None else f"is a {_kind_name(vp.kind)}, not a node output"
-            raise SerializationError(f"{where}: {node_where}: output value {vid} {what}")
+            raise SerializationError(f"output value {vid} {what}")
         if vid in env:
-            raise SerializationError(f"{where}: {node_where}: output value {vid} already has a value")
-        want = _read_type(vp.type, f"{where}, value {vid}")
+            raise SerializationError(f"output value {vid} already has a value")
+        try:
+            want = _read_type(vp.type)
+        except SerializationError as exc:
+            raise _located(f"output value {vid}", exc) from None
         if not _compatible(out.type, want):
-            raise SerializationError(f"{where}: {node_where}: output {i} is stored as "
-                                     f"{want!r} but op {np_.op!r} gives {out.type!r} for these inputs")
+            raise SerializationError(f"output {i} is stored as {want!r} but op {np_.op!r} gives {out.type!r} "
+                                     "for these inputs")
         out.type = want  # as saved: it may know dimensions the rule leaves open
         out.name = vp.name if vp.HasField("name") else None
         env[vid] = out
@@ -423,100 +497,100 @@ def graph_difference(a: Graph, b: Graph) -> Optional[str]:
     order, ops, attributes (sub-graphs recursively), names and sources; which value each node
     reads and which values are the inputs and outputs. Value identity numbers are ignored.
     """
-    return _GraphComparison(a, b, f"graph {a.name!r}").run()
+    diff = _GraphComparison(a, b).run()
+    return None if diff is None else f"graph {a.name!r}: {diff}"
 
 
 class _GraphComparison:
-    def __init__(self, a: Graph, b: Graph, where: str):
-        self.a, self.b, self.where = a, b, where
+    """Pairs the values of two graphs while walking them in step; each check returns a message or None."""
+
+    def __init__(self, a: Graph, b: Graph):
+        self.a, self.b = a, b
         self.pairs: Dict[int, Value] = {}  # id(value of a) -> its counterpart in b
 
     def run(self) -> Optional[str]:
         a, b = self.a, self.b
         if a.name != b.name:
-            return f"{self.where}: named {b.name!r} in the copy"
+            return f"named {b.name!r} in the copy"
         for what, xs, ys in (("inputs", a.inputs, b.inputs), ("nodes", a.nodes, b.nodes),
                              ("outputs", a.outputs, b.outputs), ("params", a.params, b.params)):
             if len(xs) != len(ys):
-                return f"{self.where}: {len(xs)} {what}, the copy has {len(ys)}"
+                return f"{len(xs)} {what}, the copy has {len(ys)}"
         for i, (x, y) in enumerate(zip(a.inputs, b.inputs)):
-            diff = self.value(x, y, f"input {i}")
+            diff = self.value(x, y)
             if diff:
-                return diff
+                return f"input {i}: {diff}"
         for k, (n, m) in enumerate(zip(a.nodes, b.nodes)):
-            diff = self.node(n, m, f"node #{k} ({n.where()})")
+            diff = self.node(n, m)
             if diff:
-                return diff
+                return f"node #{k} ({n.where()}): {diff}"
         for i, (x, y) in enumerate(zip(a.outputs, b.outputs)):
-            diff = self.value(x, y, f"output {i}")
+            diff = self.value(x, y)
             if diff:
-                return diff
+                return f"output {i}: {diff}"
         for x, y in zip(a.params, b.params):
             if x.name != y.name or x.type != y.type:
-                return f"{self.where}: parameter {x.label()}: {x.type!r}, the copy has {y.label()}: {y.type!r}"
+                return f"parameter {x.label()}: {x.type!r}, the copy has {y.label()}: {y.type!r}"
         return None
 
-    def node(self, n: Node, m: Node, what: str) -> Optional[str]:
-        for field in ("name", "source"):
-            if getattr(n, field) != getattr(m, field):
-                return f"{self.where}: {what}: {field} {getattr(m, field)!r} in the copy"
+    def node(self, n: Node, m: Node) -> Optional[str]:
+        if n.name != m.name or n.source != m.source:
+            return f"name {m.name!r} and source {m.source!r} in the copy"
         if n.op.name != m.op.name:
-            return f"{self.where}: {what}: op {m.op.name!r} in the copy"
+            return f"op {m.op.name!r} in the copy"
         if list(n.attrs) != list(m.attrs):
-            return f"{self.where}: {what}: attributes {list(n.attrs)}, the copy has {list(m.attrs)}"
+            return f"attributes {list(n.attrs)}, the copy has {list(m.attrs)}"
         for key in n.attrs:
-            diff = _attr_difference(n.attrs[key], m.attrs[key], f"{self.where}: {what}, attribute {key!r}")
+            diff = _attr_difference(n.attrs[key], m.attrs[key])
             if diff:
-                return diff
+                return f"attribute {key!r}: {diff}"
         if len(n.inputs) != len(m.inputs) or len(n.outputs) != len(m.outputs):
-            return f"{self.where}: {what}: {len(m.inputs)} inputs and {len(m.outputs)} outputs in the copy"
+            return f"{len(m.inputs)} inputs and {len(m.outputs)} outputs in the copy"
         for i, (x, y) in enumerate(zip(n.inputs, m.inputs)):
-            diff = self.value(x, y, f"{what}, input {i}")
+            diff = self.value(x, y)
             if diff:
-                return diff
+                return f"input {i}: {diff}"
         for i, (x, y) in enumerate(zip(n.outputs, m.outputs)):
-            if id(x) in self.pairs:
-                return f"{self.where}: {what}: output {i} {x.label()} was already defined"
-            diff = self.value(x, y, f"{what}, output {i}")
+            diff = f"{x.label()} was already defined" if id(x) in self.pairs else self.value(x, y)
             if diff:
-                return diff
+                return f"output {i}: {diff}"
         return None
 
-    def value(self, x: Value, y: Value, what: str) -> Optional[str]:
+    def value(self, x: Value, y: Value) -> Optional[str]:
         seen = self.pairs.get(id(x))
         if seen is not None:
-            return None if seen is y else f"{self.where}: {what} is {x.label()}, the copy reads another value"
+            return None if seen is y else f"{x.label()}, but the copy reads another value"
         if x.kind != y.kind or x.name != y.name or x.type != y.type:
-            return (f"{self.where}: {what}: {x.kind} {x.name!r} {x.type!r}, the copy has "
-                    f"{y.kind} {y.name!r} {y.type!r}")
+            return f"{x.kind} {x.name!r} {x.type!r}, the copy has {y.kind} {y.name!r} {y.type!r}"
         if x.kind == CONST:
-            diff = _attr_difference(x.data, y.data, f"{self.where}: {what}: constant data")
+            diff = _attr_difference(x.data, y.data)
             if diff:
-                return diff
+                return f"constant data: {diff}"
         self.pairs[id(x)] = y
         return None
 
 
-def _attr_difference(x: Any, y: Any, where: str) -> Optional[str]:
+def _attr_difference(x: Any, y: Any) -> Optional[str]:
     if isinstance(x, Graph) and isinstance(y, Graph):
-        return _GraphComparison(x, y, f"{where}: graph {x.name!r}").run()
+        diff = _GraphComparison(x, y).run()
+        return None if diff is None else f"graph {x.name!r}: {diff}"
     if type(x) is not type(y):
-        return f"{where}: {type(x).__name__} {x!r:.60}, the copy has {type(y).__name__} {y!r:.60}"
+        return f"{type(x).__name__} {x!r:.60}, the copy has {type(y).__name__} {y!r:.60}"
     if isinstance(x, np.ndarray):  # same numbers; the byte order in memory is not part of the value
         if x.dtype.newbyteorder("=") != y.dtype.newbyteorder("=") or x.shape != y.shape or \
                 _native_bytes(x) != _native_bytes(y):
-            return f"{where}: {x.dtype}{list(x.shape)} array differs in the copy ({y.dtype}{list(y.shape)})"
+            return f"{x.dtype}{list(x.shape)} array differs in the copy ({y.dtype}{list(y.shape)})"
         return None
     if isinstance(x, (tuple, list)):
         if len(x) != len(y):
-            return f"{where}: {len(x)} items, the copy has {len(y)}"
+            return f"{len(x)} items, the copy has {len(y)}"
         for i, (p, q) in enumerate(zip(x, y)):
-            diff = _attr_difference(p, q, f"{where}[{i}]")
+            diff = _attr_difference(p, q)
             if diff:
-                return diff
+                return f"item {i}: {diff}"
         return None
     if attr_key(x) != attr_key(y):
-        return f"{where}: {x!r:.60}, the copy has {y!r:.60}"
+        return f"{x!r:.60}, the copy has {y!r:.60}"
     return None
 
 

@@ -125,7 +125,8 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         if done < steps:
             stacks = [st[:done] for st in stacks]
         finals = [c if isinstance(c, xp.ndarray) else xp.asarray(c) for c in carries]
-        return tuple(finals) + tuple(stacks)
+        results = tuple(finals) + tuple(stacks)
+        return results[0] if len(results) == 1 else results  # one output: the VM stores it as is
     return scan_kernel
 
 

@@ -106,36 +106,27 @@ class Executable:
         scalar_outputs = [s for s in prog.output_slots if types[s].ndim == 0]
         if self.engine == "threaded":
             run, line_pc = lower(prog, self.kernels, views, self._consts, scalar_outputs,
-                                 self.backend.xp.asarray, self.workspace._data)
-            return Frame(self._guard_threaded(run, line_pc), types, plan, buffers, line_pc=line_pc)
+                                 self.backend.xp.asarray, self.workspace._data, self._threaded_error)
+            return Frame(run, types, plan, buffers, line_pc=line_pc)
         code = self._lower_loop(views)
         return Frame(self._loop_runner(code, scalar_outputs), types, plan, buffers, code=code)
 
     # -- threaded engine ---------------------------------------------------------
-    def _guard_threaded(self, run: Callable, line_pc: Dict[int, int]) -> Callable:
-        code = run.__code__
-
-        def guarded(*args):
-            try:
-                return run(*args)
-            except Exception as exc:
-                tb = exc.__traceback__
-                while tb is not None and tb.tb_frame.f_code is not code:
-                    tb = tb.tb_next
-                if tb is None:
-                    raise
-                pc = line_pc.get(tb.tb_lineno)
-                if pc is None:
-                    raise
-                if pc < 0:
-                    raise InputError(f"{self.program.name}: the workspace has no tensor "
-                                     f"{self.program.slot_names[-1 - pc]!r}") from None
-                local = tb.tb_frame.f_locals
-                regs = {int(k[1:]): v for k, v in local.items() if k[:1] in "sc" and k[1:].isdigit()}
-                regs.update(self._consts)
-                raise self._error(pc, exc, regs) from exc
-        guarded.__wrapped__ = run
-        return guarded
+    def _threaded_error(self, exc: BaseException, line_pc: Dict[int, int]) -> None:
+        """Raise the cgvm error for an exception caught inside threaded code (pc from the line number)."""
+        tb = exc.__traceback__
+        if tb is None:
+            return
+        pc = line_pc.get(tb.tb_lineno)
+        if pc is None:
+            return
+        if pc < 0:
+            raise InputError(f"{self.program.name}: the workspace has no tensor "
+                             f"{self.program.slot_names[-1 - pc]!r}") from None
+        local = tb.tb_frame.f_locals
+        regs = {int(k[1:]): v for k, v in local.items() if k[:1] == "s" and k[1:].isdigit()}
+        regs.update(self._consts)
+        raise self._error(pc, exc, regs) from exc
 
     # -- loop engine ---------------------------------------------------------------
     def _lower_loop(self, views: Dict[int, Any]) -> list:

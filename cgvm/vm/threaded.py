@@ -14,16 +14,20 @@ from .bytecode import CALL, FREE, Program
 
 
 def lower(program: Program, kernels: Sequence[Callable], views: Dict[int, Any], consts: Dict[int, Any],
-          scalar_outputs: Sequence[int], asarray: Callable, params: Any) -> Tuple[Callable, Dict[int, int]]:
+          scalar_outputs: Sequence[int], asarray: Callable, params: Any,
+          on_error: Callable[[BaseException, Dict[int, int]], None]) -> Tuple[Callable, Dict[int, int]]:
     """Return ``(run, line_to_pc)``; ``run(*inputs)`` returns the tuple of output values.
 
     ``params`` is the workspace's dict; ``run`` reads parameters from it on every call.
+    ``on_error(exc, line_to_pc)`` is called (and raises) when an instruction fails; the
+    try block costs nothing on the way through.
     """
-    env: Dict[str, Any] = {"_asarray": asarray, "_data": params}
+    env: Dict[str, Any] = {"_asarray": asarray, "_data": params, "_on_error": on_error}
     lines: List[str] = []
     line_pc: Dict[int, int] = {}
     ins_names = ", ".join(f"s{s}" for s in program.input_slots)
     lines.append(f"def run({ins_names}):")
+    lines.append("  try:")
     for name, s in program.param_slots:
         env[f"n{s}"] = name
         line_pc[len(lines) + 1] = -1 - s  # a failing read names the parameter
@@ -56,6 +60,10 @@ def lower(program: Program, kernels: Sequence[Callable], views: Dict[int, Any], 
     scalars = set(scalar_outputs)
     outs = [f"_asarray({ref(s)})" if s in scalars else ref(s) for s in program.output_slots]
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    lines.append("  except Exception as _exc:")
+    lines.append("    _on_error(_exc, _line_pc)")
+    lines.append("    raise")
+    env["_line_pc"] = line_pc
     source = "\n".join(lines)
     code = compile(source, f"<cgvm program {program.name}>", "exec")
     exec(code, env)

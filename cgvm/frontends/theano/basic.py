@@ -94,7 +94,18 @@ square = sqr
 def sqrt(x): return wrap(ew.sqrt(_v(x)))
 def exp(x): return wrap(ew.exp(_v(x)))
 def exp2(x): return pow(2.0, x)
-def log(x): return wrap(ew.log(_v(x)))
+def log(x):
+    """Natural log; log(softmax(x)) and log(sigmoid(x)) are built in their stable forms."""
+    from .nnet import stable_log
+
+    xv = _v(x)
+    if isinstance(xv, Value):
+        stable = stable_log(xv)
+        if stable is not None:
+            return wrap(stable)
+    return wrap(ew.log(xv))
+
+
 def log1p(x): return wrap(ew.log1p(_v(x)))
 def expm1(x): return wrap(ew.expm1(_v(x)))
 def log2(x): return mul(log(x), 1.0 / math.log(2.0))

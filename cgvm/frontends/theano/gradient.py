@@ -39,7 +39,7 @@ class DisconnectedType:
 
 
 def _zeros_for(v: TensorVariable) -> TensorVariable:
-    from . import basic
+    from . import tensor as basic
 
     dtype = v.dtype if v.value.dtype.is_float else config.floatX
     return basic.zeros_like(v, dtype=dtype)
@@ -49,7 +49,7 @@ def grad(cost: Any, wrt: Any, consider_constant: Optional[Sequence[Any]] = None,
          disconnected_inputs: str = "raise", add_names: bool = True, known_grads: Optional[Dict[Any, Any]] = None,
          return_disconnected: str = "zero", null_gradients: str = "raise") -> Any:
     """Symbolic gradient of a scalar ``cost`` with respect to ``wrt`` (a variable or a list)."""
-    from . import basic
+    from . import tensor as basic
 
     if disconnected_inputs not in ("raise", "warn", "ignore"):
         raise ValueError(f"disconnected_inputs must be 'raise', 'warn' or 'ignore', got {disconnected_inputs!r}")
@@ -117,7 +117,7 @@ def Lop(f: Any, wrt: Any, eval_points: Any, consider_constant: Optional[Sequence
 def Rop(f: Any, wrt: Any, eval_points: Any, disconnected_outputs: str = "raise",
         return_disconnected: str = "zero") -> Any:
     """J·v: the directional derivative of ``f`` along ``eval_points`` (one per ``wrt``)."""
-    from . import basic
+    from . import tensor as basic
 
     single_f = not isinstance(f, (list, tuple))
     fs = [as_tensor_variable(x) for x in ([f] if single_f else f)]
@@ -137,7 +137,7 @@ def Rop(f: Any, wrt: Any, eval_points: Any, disconnected_outputs: str = "raise",
 def jacobian(expression: Any, wrt: Any, consider_constant: Optional[Sequence[Any]] = None,
              disconnected_inputs: str = "raise", vectorize: bool = False) -> Any:
     """d expression[i] / d wrt, stacked over i (expression flattened to a vector)."""
-    from . import basic
+    from . import tensor as basic
     from .scan_module import scan
 
     expression = as_tensor_variable(expression)
@@ -200,7 +200,7 @@ def verify_grad(fun: Any, pt: Sequence[np.ndarray], n_tests: int = 2, rng: Any =
                 out_type: Any = None, abs_tol: Optional[float] = None, rel_tol: Optional[float] = None,
                 mode: Any = None, cast_to_output_type: bool = False, no_debug_ref: bool = True) -> None:
     """Check ``grad`` of ``sum(fun(*inputs) * random)`` against central differences; raises on mismatch."""
-    from . import basic
+    from . import tensor as basic
     from .function import function
 
     rng = rng if rng is not None else np.random.RandomState(0)

@@ -123,9 +123,8 @@ def debugprint(obj: Any, file: Optional[TextIO] = None, print_type: bool = False
         if seen or (depth >= 0 and level >= depth):
             return
         printed.add(key)
-        child = prefix.replace("|", " ").replace("-", " ") if prefix else ""
         for inp in node.inputs:
-            walk(inp, child + " |", level + 1)
+            walk(inp, prefix + " |", level + 1)
         for name, sub in node.attrs.items():
             if isinstance(sub, Graph):
                 graphs.append((f"{node.op.name}.{name} [id {tag(v)}]", sub))
@@ -282,3 +281,4 @@ class Print:
 
     def __call__(self, x: Any) -> TensorVariable:
         return as_tensor_variable(x)
+pp = pprint

@@ -28,7 +28,6 @@ from ...ir.graph import CONST, input_value
 from ...ir.types import TensorType as IRType
 from ...ops import control
 from . import subgraph
-from .config import config
 from .shared import SharedVariable
 from .var import SHARED_BY_VALUE, TensorVariable, as_tensor_variable, wrap
 
@@ -55,29 +54,32 @@ def _listify(x: Any) -> list:
 
 
 def _parse_fn_result(res: Any) -> Tuple[list, Dict[Any, Any], Optional[until]]:
-    """fn's return value as (outputs, updates, until)."""
+    """fn's return value as (outputs, updates, until), in any of the forms Theano accepts."""
+    if isinstance(res, until):
+        return [], {}, res
+    if isinstance(res, dict):
+        return [], dict(res), None
+    if not isinstance(res, (list, tuple)):
+        return [res], {}, None
+    items = list(res)
+    structured = any(isinstance(i, (dict, until, list, tuple)) for i in items)
+    if not structured:
+        return items, {}, None
     outs: list = []
     updates: Dict[Any, Any] = {}
     stop = None
-    items = list(res) if isinstance(res, tuple) else [res]
-    # Theano accepts (outputs), (outputs, updates), (outputs, until), (outputs, updates, until) in any order
-    if isinstance(res, (list,)) or not isinstance(res, tuple):
-        items = [res]
     for item in items:
         if isinstance(item, until):
             stop = item
         elif isinstance(item, dict):
             updates.update(item)
-        elif isinstance(item, (list, tuple)) and item and all(isinstance(p, tuple) and len(p) == 2 for p in item) \
-                and all(isinstance(p[0], SharedVariable) for p in item):
-            updates.update(dict(item))
         elif isinstance(item, (list, tuple)):
-            outs.extend(item)
+            if item and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], SharedVariable) for p in item):
+                updates.update(dict(item))
+            else:
+                outs.extend(item)
         elif item is not None:
             outs.append(item)
-    if isinstance(res, tuple) and not any(isinstance(i, (dict, until)) for i in res) and not any(
-            isinstance(i, (list, tuple)) for i in res):
-        outs = list(res)
     return outs, updates, stop
 
 
@@ -134,8 +136,7 @@ def scan(fn: Any, sequences: Any = None, outputs_info: Any = None, non_sequences
         if any(t >= 0 for t in taps):
             raise ValueError(f"scan: output taps must be negative, got {taps}")
         depth = -taps[0]
-        if taps == [-1] and not isinstance(info, dict) or (isinstance(info, dict) and taps == [-1]
-                                                           and "taps" not in info):
+        if taps == [-1]:
             inits = [init]
         else:
             inits = [init[j] for j in range(depth)]  # x0[0] is t-depth ... x0[-1] is t-1
@@ -171,8 +172,7 @@ def scan(fn: Any, sequences: Any = None, outputs_info: Any = None, non_sequences
             continue
         start, depth, taps = meta
         _check_carry(o, carry_inits[start + depth - 1], len(new_carries))
-        shifted = carry_inputs[start + 1:start + depth] + [o.value]
-        new_carries += [o.value if v is o.value else v for v in shifted]
+        new_carries += carry_inputs[start + 1:start + depth] + [o.value]
     upd_values = [as_tensor_variable(updates[t]).value for t in upd_targets]
     body_outs = new_carries + upd_values + map_outs + ([stop.condition.value] if stop is not None else [])
     step_inputs = seq_inputs + carry_inputs
@@ -180,11 +180,11 @@ def scan(fn: Any, sequences: Any = None, outputs_info: Any = None, non_sequences
     replaced = _replace_params(body_outs, upd_targets, upd_inputs)
     inside = subgraph.dependent_nodes(replaced, step_inputs + upd_inputs)
     body, captured, _ = subgraph.extract(replaced, step_inputs + upd_inputs, inside, name=name or "scan_fn")
-    # extract appends captured inputs after ours; cgvm's scan wants sequences, carries, non-sequences
+    # body inputs: sequences, carries (states, then updated shared values), captured non-sequences
     inits_all = [c.value for c in carry_inits] + [t.value for t in upd_targets]
     op_inputs = [s.value for s in seq_slices] + inits_all + captured
     n_carry = len(carry_inputs) + len(upd_inputs)
-    attrs: Dict[str, Any] = dict(body=_reorder(body, len(seq_inputs), len(carry_inputs), len(upd_inputs)),
+    attrs: Dict[str, Any] = dict(body=body,
                                  n_seqs=len(seq_slices), n_carry=n_carry, go_backwards=False,
                                  has_until=stop is not None)
     steps = _static_steps(n_steps)
@@ -216,11 +216,6 @@ def scan(fn: Any, sequences: Any = None, outputs_info: Any = None, non_sequences
     single = len(results) == 1 and not return_list
     outputs = results[0] if single else results
     return (outputs, out_updates) if return_updates else outputs
-
-
-def _reorder(body: Any, n_seq: int, n_carry: int, n_upd: int) -> Any:
-    """Body inputs are already sequences, carries, updated shared values, captured non-sequences."""
-    return body
 
 
 def _replace_params(values: List[Any], targets: List[SharedVariable], inner: List[Any]) -> List[Any]:
@@ -311,5 +306,3 @@ def foldr(fn: Any, sequences: Any, outputs_info: Any, non_sequences: Any = None,
     return reduce(fn, sequences, outputs_info, non_sequences, go_backwards=True, name=name,
                   return_updates=return_updates)
 
-
-_ = config  # config.scan flags are accepted through the config object

@@ -338,7 +338,9 @@ def arange(start: Any, stop: Any = None, step: Any = 1, dtype: Any = None) -> Te
     s0, s1, s2 = (as_tensor_variable(a) if isinstance(a, TensorVariable) else constant(a) for a in (start, stop, step))
     is_int = all(v.value.dtype.is_int for v in (s0, s1, s2))
     span = B.sub(s1, s0)
-    if is_int:
+    if is_int and statics[2] == 1:
+        count = span
+    elif is_int:
         count = B.int_div(B.add(span, B.sub(s2, B.sgn(s2))), s2)
     else:
         count = B.cast(B.ceil(B.true_div(span, s2)), "int64")

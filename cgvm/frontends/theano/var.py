@@ -366,9 +366,9 @@ class TensorConstant(TensorVariable):
 
 
 def _T():
-    from . import basic
+    from . import tensor
 
-    return basic
+    return tensor
 
 
 #: SharedVariable objects by the workspace key of their parameter Value (set by shared.py)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Protocol, Sequence
 
+import numpy as np
+
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeNetError
 from cgvm.ir import Value
@@ -25,6 +27,13 @@ Converter = Callable[[caffe_pb2.LayerParameter, List[Value], "LayerContext"], Li
 #: Caffe layer type -> converter. Data layers (no graph nodes: their tops are filled on the host)
 #: are in net.DATA_LAYERS instead.
 CONVERTERS: Dict[str, Converter] = {}
+
+#: Caffe layer type -> factory(layer_param, phase, ctx) -> a data layer object with
+#: ``top_shapes() -> list of shapes`` (one per top, at setup) and ``next_batch() -> {top name: array}``
+#: (called on the host before every forward that runs the layer; tops it leaves out keep their
+#: contents). ``ctx`` is a DataContext. These layers add no graph nodes: their tops are
+#: workspace entries the graph reads.
+DATA_LAYERS: Dict[str, Callable[..., object]] = {}
 
 #: Types whose top 0 carries loss weight 1 unless the prototxt says otherwise (Caffe's LossLayer).
 LOSS_TYPES = {"SoftmaxWithLoss", "SigmoidCrossEntropyLoss", "EuclideanLoss", "HingeLoss", "ContrastiveLoss",
@@ -43,6 +52,29 @@ def register(*type_names: str) -> Callable[[Converter], Converter]:
             CONVERTERS[name] = fn
         return fn
     return decorate
+
+
+def register_data_layer(*type_names: str) -> Callable:
+    """Register a data-layer factory under one or more Caffe type names."""
+    def decorate(factory: Callable) -> Callable:
+        for name in type_names:
+            if name in DATA_LAYERS:
+                raise ValueError(f"Caffe data layer type {name!r} is already registered")
+            DATA_LAYERS[name] = factory
+        return factory
+    return decorate
+
+
+class DataContext(Protocol):
+    """What a data-layer factory gets besides its LayerParameter and phase."""
+
+    where: str                     # "<file>:<line>: layer 'name' (Type)"
+    rng: "np.random.Generator"     # the net's generator (fillers, shuffling)
+    dtype: "np.dtype"              # the net's float dtype (float32 unless asked otherwise)
+    net: object                    # the Net being built (MemoryData reaches set_input_arrays through it)
+
+    def error(self, message: str) -> CaffeNetError:
+        """An error that names this layer's file, line, name and type."""
 
 
 class LayerContext(Protocol):

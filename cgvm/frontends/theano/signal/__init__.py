@@ -1,0 +1,2 @@
+"""``theano.tensor.signal``: pooling."""
+from . import pool  # noqa: F401
