@@ -6,6 +6,7 @@ a bytecode VM runs it on NumPy or CuPy over a shared Workspace of named tensors.
 from . import ops
 from .autodiff import grad
 from .backend import available_backends, get_backend
+from .dlpack import Tensor, from_dlpack
 from .errors import CgvmError
 from .function import Function, compile
 from .ir import DType, Graph, TensorType, Value, input_value, param_value
@@ -15,4 +16,4 @@ __version__ = "0.1.0"
 
 __all__ = ["ops", "grad", "available_backends", "get_backend", "CgvmError", "Function", "compile", "DType",
            "Graph", "TensorType", "Value", "input_value", "param_value", "Workspace", "default_workspace",
-           "eval_graph", "__version__"]
+           "eval_graph", "Tensor", "from_dlpack", "__version__"]

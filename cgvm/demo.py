@@ -35,7 +35,8 @@ def load_digits_split(seed: int = 0, test_fraction: float = 0.25):
     return x[train], y[train], x[test], y[test]
 
 
-def train_digits(epochs: int = 30, batch: int = 64, lr: float = 0.1, seed: int = 0, out=sys.stdout) -> float:
+def train_digits(epochs: int = 30, batch: int = 64, lr: float = 0.1, seed: int = 0, out=None) -> float:
+    out = sys.stdout if out is None else out
     xtr, ytr, xte, yte = load_digits_split(seed)
     rng = np.random.default_rng(seed)
     sizes = [64, 128, 10]

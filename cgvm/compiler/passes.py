@@ -35,12 +35,13 @@ def pass_names() -> List[str]:
 
 
 def run_passes(graph: Graph, *, passes: Optional[Sequence[str]] = None, debug: bool = False,
-               print_after: Iterable[str] = (), out: TextIO = sys.stdout) -> Graph:
+               print_after: Iterable[str] = (), out: Optional[TextIO] = None) -> Graph:
     """Run the pipeline (or the named subset, in pipeline order)."""
     wanted = set(pass_names() if passes is None else passes)
     unknown = wanted - set(pass_names())
     if unknown:
         raise ValueError(f"unknown pass {sorted(unknown)[0]!r}; passes are {pass_names()}")
+    out = sys.stdout if out is None else out
     show = set(print_after)
     if "all" in show:
         show = set(pass_names())

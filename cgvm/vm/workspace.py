@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator, Optional
 
 from ..backend.base import Backend, get_backend
+from ..dlpack import Tensor
 from ..errors import WorkspaceError
 
 
@@ -67,8 +68,21 @@ class Workspace:
     def fetch(self, name: str) -> Any:
         return self[name]
 
+    def tensor(self, name: str) -> Tensor:
+        """A ``cgvm.Tensor`` of the array bound to ``name`` now, to export through DLPack without a copy.
+
+        Safe to hand out: entries are never memory-planned buffers, and ``set`` (and function
+        updates) rebind the name to a new array, so the exported memory is never reused under
+        its consumer; the Tensor keeps the values of the array it was taken from.
+        """
+        return Tensor(self[name], name=name)
+
     def assign(self, name: str, value: Any) -> Any:
-        """Write ``value`` into the existing array of ``name`` (holders of that array see it)."""
+        """Write ``value`` into the existing array of ``name`` (holders of that array see it).
+
+        The one in-place write: Tensors exported with ``tensor(name)`` and their DLPack consumers
+        see it too (the zero-copy contract).
+        """
         old = self[name]
         arr = self.backend.asarray(value)
         if old.shape != arr.shape:

@@ -353,6 +353,33 @@ def test_embedding_gradient_accumulates_repeats(backend):
     np.testing.assert_array_equal(dw, [[0, 0], [3, 3], [0, 0], [1, 1]])
 
 
+def test_kernels_run_in_place(backend):
+    """A chain whose intermediates die at once overwrites them (the in-place pairs declared are safe)."""
+    x, slope, mean, var = r(2, 4, 3, 3), r(4), r(4), positive(4)
+    seed = np.array(5, np.int64)
+
+    def build(x, slope, mean, var, seed):
+        h = nn.prelu(E.mul(x, 2.0), slope)
+        h = nn.lrn(h, local_size=3, alpha=0.5)
+        h = nn.batch_norm(h, mean, var)
+        h = nn.dropout(h, seed, ratio=0.0)
+        h = nn.log_softmax(nn.softmax(h))
+        return h, cgvm.grad(R.sum(E.mul(h, h)), x)
+
+    xs = [input_value(TensorType(a.shape, a.dtype), f"x{i}") for i, a in enumerate((x, slope, mean, var, seed))]
+    ws = cgvm.Workspace(backend)
+    f = cgvm.compile(xs, list(build(*xs)), workspace=ws, debug=True)
+    got, dx = [ws.backend.to_numpy(v) for v in f(*[ws.backend.asarray(a) for a in (x, slope, mean, var, seed)])]
+    want = log_softmax_ref(softmax_ref(bn_ref(lrn_ref(prelu_ref(2 * x, slope), 3, 0.5), mean, var)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    unplanned = cgvm.compile(xs, list(build(*xs)), workspace=ws, inplace=False)
+    _, dx_unplanned = [ws.backend.to_numpy(v) for v in unplanned(*[ws.backend.asarray(a) for a in
+                                                                    (x, slope, mean, var, seed)])]
+    np.testing.assert_allclose(dx, dx_unplanned, rtol=1e-6, atol=1e-7)
+    (plan,) = f.memory_plans().values()
+    assert len(plan.inplace) >= 3, plan.summary()
+
+
 # --------------------------------------------------------------------------- errors
 
 def _sym(shape, dtype="float32", name="x"):

@@ -121,7 +121,8 @@ class _LayerContext:
 
     def dropout_seed(self) -> Value:
         entry = self.net._entry(self.info.name) + "@seed"
-        self.info.seed_entry = entry
+        if self.net._setting_up:
+            self.info.seed_entry = entry   # the net draws a new seed before each forward of this layer
         if entry not in self.net.workspace:
             self.net.workspace.set(entry, np.array(self.net._rng.integers(1 << 62), dtype=np.int64))
         return self.net._leaf_value(self.build, entry, np.int64)
@@ -194,6 +195,7 @@ class Net:
         kept = [line for layer, line in zip(self.param.layer, lines) if layer_included(layer, filtered.state)]
         self.state = filtered.state
         self.force_backward = filtered.force_backward
+        _check_bottoms(filtered, kept, self._where)
         split = insert_splits(filtered)
         self._layers: List[LayerInfo] = []
         self._params: "OrderedDict[str, ParamInfo]" = OrderedDict()
@@ -501,7 +503,8 @@ class Net:
                  and self._params[name].lr_mult != 0.0]
         wrt = [build.params[p.name] for p in learn]
         if self.force_backward:
-            wrt += [v for v in build.leaves.values() if v.dtype.is_float]
+            data_tops = [v for i, _, v in build.versions if self._layers[i].data is not None]
+            wrt += [v for v in list(build.leaves.values()) + data_tops if v.dtype.is_float]
         gmap = grad_map(seeds, wrt) if seeds and wrt else {}
         blob_grads, blob_entries = [], []
         first_version: Dict[str, Value] = {}
@@ -673,6 +676,17 @@ def _python_converter():
     from cgvm.frontends.caffe.layers.python_layer import convert_python_layer
 
     return convert_python_layer
+
+
+def _check_bottoms(net: caffe_pb2.NetParameter, lines: List[Optional[int]], where) -> None:
+    """Every bottom must be produced by an earlier layer (before Split insertion, to name the line)."""
+    produced = set(net.input)
+    for index, (layer, line) in enumerate(zip(net.layer, lines)):
+        for b, name in enumerate(layer.bottom):
+            if name not in produced:
+                raise CaffeNetError(f"{where(index, layer, line)}: unknown bottom blob {name!r} (bottom {b}); no "
+                                    "earlier layer produces it")
+        produced.update(layer.top)
 
 
 def _lines_after_splits(filtered, kept: List[Optional[int]], split) -> List[Optional[int]]:

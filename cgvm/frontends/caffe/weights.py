@@ -1,0 +1,180 @@
+"""Weights in and out of a Net: .caffemodel (binary NetParameter) and HDF5, and weight sharing.
+
+Loading follows Caffe's CopyTrainedLayersFrom: source layers are matched to the net's layers by
+name (unknown ones are skipped), the blob count must match and each shape must match (legacy
+num/channels/height/width shapes align from the end, as Blob::ShapeEquals allows). Everything is
+read and checked into temporaries first and committed only when all of it fits, so a corrupt or
+mismatched file never half-loads.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Dict, List, Tuple
+
+import numpy as np
+
+from cgvm.frontends.caffe import caffe_pb2
+from cgvm.frontends.caffe.errors import CaffeNetError, CaffeParseError
+from cgvm.frontends.caffe.prototxt import HDF5_SIGNATURE, blobproto_shape, read_net_binary, write_net_binary
+
+if TYPE_CHECKING:
+    from cgvm.frontends.caffe.net import Net
+
+
+def shape_fits(target: Tuple[int, ...], blob: caffe_pb2.BlobProto) -> bool:
+    """Blob::ShapeEquals: legacy 4-D shapes compare right-aligned against the target padded with 1s."""
+    if any(blob.HasField(f) for f in ("num", "channels", "height", "width")):
+        if len(target) > 4:
+            return False
+        return (1,) * (4 - len(target)) + tuple(target) == (blob.num, blob.channels, blob.height, blob.width)
+    return tuple(target) == tuple(blob.shape.dim)
+
+
+def _blob_array(blob: caffe_pb2.BlobProto) -> np.ndarray:
+    values = blob.double_data if len(blob.double_data) else blob.data
+    return np.asarray(values, dtype=np.float64 if len(blob.double_data) else np.float32).reshape(blobproto_shape(blob))
+
+
+def _is_hdf5(path: str) -> bool:
+    with open(path, "rb") as stream:
+        return stream.read(8) == HDF5_SIGNATURE
+
+
+def copy_from(net: "Net", path: str) -> None:
+    """Load weights by layer name from a .caffemodel (binary) or an HDF5 weights file."""
+    for part in str(path).split(","):   # Caffe accepts comma-separated lists
+        if not os.path.isfile(part):
+            raise FileNotFoundError(f"Could not open file {part}")
+        staged = _stage_hdf5(net, part) if _is_hdf5(part) else _stage_caffemodel(net, part)
+        ws = net.workspace
+        for name, array in staged.items():
+            ws[name][...] = array
+
+
+def _layer_params(net: "Net") -> Dict[str, list]:
+    return {info.name: info.params for info in net.layer_infos}
+
+
+def _stage_caffemodel(net: "Net", path: str) -> Dict[str, np.ndarray]:
+    source = read_net_binary(path)
+    targets = _layer_params(net)
+    staged: Dict[str, np.ndarray] = {}
+    for layer in source.layer:
+        params = targets.get(layer.name)
+        if params is None:
+            continue   # Caffe: "Ignoring source layer"
+        if len(layer.blobs) != len(params):
+            raise CaffeNetError(f"{path}: layer '{layer.name}' has {len(layer.blobs)} blob(s) in the file, the "
+                                f"net's layer has {len(params)} ({net.filename}); rename the layer to keep its "
+                                "initialization")
+        for index, (blob, param) in enumerate(zip(layer.blobs, params)):
+            if not shape_fits(param.shape, blob):
+                raise CaffeNetError(
+                    f"{path}: cannot copy param {index} weights from layer '{layer.name}': shape mismatch. "
+                    f"The file has {blobproto_shape(blob)}, the net ({net.filename}) needs {param.shape}; "
+                    "to learn this layer's parameters from scratch rather than copying from a saved net, "
+                    "rename the layer")
+            staged[param.name] = _blob_array(blob).reshape(param.shape).astype(net.dtype)
+    return staged
+
+
+def _stage_hdf5(net: "Net", path: str) -> Dict[str, np.ndarray]:
+    import h5py
+
+    staged: Dict[str, np.ndarray] = {}
+    targets = _layer_params(net)
+    try:
+        with h5py.File(path, "r") as handle:
+            data = handle["data"]
+            for layer_name in data:
+                params = targets.get(layer_name)
+                if params is None:
+                    continue
+                group = data[layer_name]
+                stored = sorted(group.keys(), key=int)
+                if len(stored) > len(params):
+                    raise CaffeNetError(f"{path}: layer '{layer_name}' has {len(stored)} blobs in the file, the net "
+                                        f"has {len(params)}")
+                for index, param in enumerate(params):
+                    key = str(index)
+                    if key not in group:
+                        if param.layer != layer_name:
+                            continue   # shared, owned by another layer
+                        raise CaffeNetError(f"{path}: layer '{layer_name}' lacks blob {index}")
+                    array = np.asarray(group[key])
+                    if tuple(array.shape) != param.shape:
+                        raise CaffeNetError(f"{path}: cannot copy param {index} weights from layer '{layer_name}': "
+                                            f"shape {tuple(array.shape)} in the file, the net needs {param.shape}")
+                    staged[param.name] = array.astype(net.dtype)
+    except (OSError, KeyError) as exc:
+        raise CaffeParseError(f"cannot read HDF5 weights: {exc}", filename=path) from None
+    return staged
+
+
+def to_proto(net: "Net", write_diff: bool = False) -> caffe_pb2.NetParameter:
+    """The net's layers with their blobs (Net::ToProto): shape + data, diffs when asked."""
+    out = caffe_pb2.NetParameter()
+    out.name = net.name
+    ws = net.workspace
+    for info in net.layer_infos:
+        layer = out.layer.add()
+        layer.CopyFrom(info.param)
+        del layer.blobs[:]
+        for param in info.params:
+            blob = layer.blobs.add()
+            blob.shape.dim.extend(param.shape)
+            blob.data.extend(np.asarray(_host(ws[param.name]), np.float32).ravel().tolist())
+            if write_diff:
+                blob.diff.extend(np.asarray(_host(ws[param.diff_name]), np.float32).ravel().tolist())
+    return out
+
+
+def _host(array):
+    return array.get() if hasattr(array, "get") else array
+
+
+def save(net: "Net", path: str, write_diff: bool = False) -> None:
+    """Write a binary .caffemodel (replaced atomically)."""
+    write_net_binary(to_proto(net, write_diff), path)
+
+
+def save_hdf5(net: "Net", path: str, write_diff: bool = False) -> None:
+    """Caffe's HDF5 weights: /data/<layer>/<i> (and /diff/... when asked)."""
+    import h5py
+
+    ws = net.workspace
+    with h5py.File(path, "w") as handle:
+        groups = [("data", "name")] + ([("diff", "diff_name")] if write_diff else [])
+        for group_name, attr in groups:
+            group = handle.create_group(group_name)
+            for info in net.layer_infos:
+                layer_group = group.create_group(info.name)
+                for index, param in enumerate(info.params):
+                    if param.layer == info.name:
+                        layer_group.create_dataset(str(index), data=np.asarray(_host(ws[getattr(param, attr)])))
+
+
+def share_with(net: "Net", other: "Net") -> None:
+    """Point ``net``'s learnable blobs at ``other``'s same-named layers' arrays (shapes must agree).
+
+    Both nets must use one Workspace for the sharing to survive updates that rebind entries;
+    with separate workspaces the arrays are shared until one side stores a new array.
+    """
+    theirs = {info.name: info.params for info in other.layer_infos}
+    pairs: List[tuple] = []
+    for info in net.layer_infos:
+        source = theirs.get(info.name)
+        if source is None:
+            continue
+        if len(source) != len(info.params):
+            raise CaffeNetError(f"share_with: layer '{info.name}' has {len(info.params)} blobs here and "
+                                f"{len(source)} in the other net")
+        for mine, other_param in zip(info.params, source):
+            if mine.shape != other_param.shape:
+                raise CaffeNetError(f"share_with: layer '{info.name}' blob {mine.index} has shape {mine.shape} here "
+                                    f"and {other_param.shape} in the other net")
+            pairs.append((mine, other_param))
+    for mine, other_param in pairs:
+        if net.workspace is other.workspace and mine.name == other_param.name:
+            continue
+        net.workspace.set(mine.name, other.workspace[other_param.name])

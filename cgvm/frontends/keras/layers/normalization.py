@@ -1,0 +1,115 @@
+"""BatchNormalization (moving statistics updated as part of the training step) and LayerNormalization."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ....ops import elementwise as ew
+from ....ops import elementwise_math as em
+from ....ops import nn
+from ....ops import reduce as red
+from ....ops import shape as shp
+from ..backend import current_scope, to_value
+from .base import Layer, registry
+from .core import make_weight, weight_args, weight_config
+
+
+@registry.register()
+class BatchNormalization(Layer):
+    """Weights gamma, beta, moving_mean, moving_variance (C,). Training normalizes with the batch's
+    statistics and moves the moving ones: ``moving = moving * momentum + batch * (1 - momentum)``."""
+
+    def __init__(self, axis: Any = -1, momentum: float = 0.99, epsilon: float = 1e-3, center: bool = True,
+                 scale: bool = True, beta_initializer: Any = "zeros", gamma_initializer: Any = "ones",
+                 moving_mean_initializer: Any = "zeros", moving_variance_initializer: Any = "ones",
+                 beta_regularizer: Any = None, gamma_regularizer: Any = None, beta_constraint: Any = None,
+                 gamma_constraint: Any = None, synchronized: bool = False, **kwargs: Any):
+        kwargs.pop("renorm", None), kwargs.pop("renorm_clipping", None), kwargs.pop("renorm_momentum", None)
+        kwargs.pop("fused", None), kwargs.pop("virtual_batch_size", None), kwargs.pop("adjustment", None)
+        super().__init__(**kwargs)
+        self.axis = axis[0] if isinstance(axis, (list, tuple)) else int(axis)
+        self.momentum, self.epsilon, self.center, self.scale = float(momentum), float(epsilon), center, scale
+        weight_args(self, "beta", beta_initializer, beta_regularizer, beta_constraint)
+        weight_args(self, "gamma", gamma_initializer, gamma_regularizer, gamma_constraint)
+        weight_args(self, "moving_mean", moving_mean_initializer, None, None)
+        weight_args(self, "moving_variance", moving_variance_initializer, None, None)
+
+    def build(self, input_shape):
+        c = input_shape[self.axis]
+        self.gamma = make_weight(self, "gamma", (c,), "gamma") if self.scale else None
+        self.beta = make_weight(self, "beta", (c,), "beta") if self.center else None
+        self.moving_mean = make_weight(self, "moving_mean", (c,), "moving_mean", trainable=False)
+        self.moving_variance = make_weight(self, "moving_variance", (c,), "moving_variance", trainable=False)
+        self.built = True
+
+    def _affine(self, c_like):
+        scale = self.gamma.value if self.gamma is not None else None
+        bias = self.beta.value if self.beta is not None else None
+        if bias is not None and scale is None:
+            scale = shp.ones_like(bias)
+        return [v for v in (scale, bias) if v is not None]
+
+    def call(self, inputs, training=False):
+        x = to_value(inputs)
+        mm, mv = self.moving_mean.value, self.moving_variance.value
+        affine = self._affine(mm)
+        if not (training and self.trainable):
+            return nn.batch_norm(x, mm, mv, *affine, eps=self.epsilon, axis=self.axis)
+        y, mean, var = nn.batch_norm(x, mm, mv, *affine, eps=self.epsilon, axis=self.axis, training=True)
+        m = self.momentum
+        scope = current_scope()
+        scope.updates[self.moving_mean.path] = (mm, ew.add(ew.mul(mm, m), ew.mul(mean, 1.0 - m)))
+        scope.updates[self.moving_variance.path] = (mv, ew.add(ew.mul(mv, m), ew.mul(var, 1.0 - m)))
+        return y
+
+    def get_config(self):
+        return {**super().get_config(), "axis": self.axis, "momentum": self.momentum, "epsilon": self.epsilon,
+                "center": self.center, "scale": self.scale,
+                **weight_config(self, "beta", "gamma", "moving_mean", "moving_variance")}
+
+
+@registry.register()
+class LayerNormalization(Layer):
+    """Normalizes over ``axis`` (default the last) per sample; weights gamma, beta."""
+
+    def __init__(self, axis: Any = -1, epsilon: float = 1e-3, center: bool = True, scale: bool = True,
+                 rms_scaling: bool = False, beta_initializer: Any = "zeros", gamma_initializer: Any = "ones",
+                 beta_regularizer: Any = None, gamma_regularizer: Any = None, beta_constraint: Any = None,
+                 gamma_constraint: Any = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.axis = list(axis) if isinstance(axis, (list, tuple)) else [int(axis)]
+        self.epsilon, self.center, self.scale, self.rms_scaling = float(epsilon), center, scale, rms_scaling
+        weight_args(self, "beta", beta_initializer, beta_regularizer, beta_constraint)
+        weight_args(self, "gamma", gamma_initializer, gamma_regularizer, gamma_constraint)
+
+    def build(self, input_shape):
+        ndim = len(input_shape)
+        self._axes = sorted(a % ndim for a in self.axis)
+        shape = tuple(input_shape[a] for a in self._axes)
+        self.gamma = make_weight(self, "gamma", shape, "gamma") if self.scale else None
+        self.beta = make_weight(self, "beta", shape, "beta") if self.center and not self.rms_scaling else None
+        self.built = True
+
+    def _broadcast(self, w, ndim: int):
+        missing = [i for i in range(ndim) if i not in self._axes]
+        return shp.expand_dims(w, axis=missing)
+
+    def call(self, inputs):
+        x = to_value(inputs)
+        if self.rms_scaling:
+            ms = red.mean(ew.square(x), axis=self._axes, keepdims=True)
+            y = ew.mul(x, em.rsqrt(ew.add(ms, self.epsilon)))
+        else:
+            mean = red.mean(x, axis=self._axes, keepdims=True)
+            centred = ew.sub(x, mean)
+            var = red.mean(ew.square(centred), axis=self._axes, keepdims=True)
+            y = ew.mul(centred, em.rsqrt(ew.add(var, self.epsilon)))
+        if self.gamma is not None:
+            y = ew.mul(y, self._broadcast(self.gamma.value, x.ndim))
+        if self.beta is not None:
+            y = ew.add(y, self._broadcast(self.beta.value, x.ndim))
+        return y
+
+    def get_config(self):
+        return {**super().get_config(), "axis": self.axis if len(self.axis) > 1 else self.axis[0],
+                "epsilon": self.epsilon, "center": self.center, "scale": self.scale,
+                "rms_scaling": self.rms_scaling, **weight_config(self, "beta", "gamma")}
