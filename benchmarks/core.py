@@ -252,5 +252,8 @@ def rows(quick: bool = False) -> List[Row]:
     for r in (mlp_step(), conv2d_forward()):
         if r is not None:
             out.append(r)
+    from . import rnn
+
+    out += rnn.rows()
     out += [compile_time(10), compile_time(1000)]
     return out

@@ -158,11 +158,12 @@ def capsule_info(capsule: Any) -> CapsuleInfo:
                        (t.data or 0) + t.byte_offset, t.byte_offset)
 
 
+_DEVICE_TYPES = {int(member): member for member in DLDeviceType}
+
+
 def _device_type(code: int) -> Any:
-    try:
-        return DLDeviceType(code)
-    except ValueError:  # a device type newer than this table: keep the number
-        return int(code)
+    """The DLDeviceType member of ``code`` (a plain int for a type newer than this table)."""
+    return _DEVICE_TYPES.get(code, code)
 
 
 class _Exported:
@@ -181,20 +182,12 @@ class _Exported:
         return self.device
 
 
-def _export(x: Any, *, stream: Any, dl_device: Optional[Tuple[int, int]], copy: Optional[bool]) -> Tuple[Any, bool]:
-    """``x``'s capsule and whether ``x`` took the keywords: ``max_version`` first, the legacy call on TypeError."""
-    keywords: dict = {"max_version": MAX_VERSION}
-    if dl_device is not None:
-        keywords["dl_device"] = dl_device
-    if copy is not None:
-        keywords["copy"] = copy
+def _export(x: Any, *, stream: Any) -> Any:
+    """``x``'s capsule: ``max_version=(1, 0)`` first, the legacy signature when ``x`` answers TypeError."""
     try:
-        return x.__dlpack__(stream=stream, **keywords), True
+        return x.__dlpack__(stream=stream, max_version=MAX_VERSION)
     except TypeError:
-        if dl_device is not None:
-            raise BufferError(f"{type(x).__name__} speaks only the legacy DLPack protocol, which cannot copy "
-                              "to another device; import it on its own device first") from None
-        return (x.__dlpack__() if stream is None else x.__dlpack__(stream=stream)), False
+        return x.__dlpack__() if stream is None else x.__dlpack__(stream=stream)
 
 
 # ---------------------------------------------------------------------------------------- from_dlpack
@@ -209,15 +202,29 @@ def from_dlpack(x: Any, *, device: Any = None, copy: Optional[bool] = None, back
     ValueError, where a copy is needed), None copies only where it must.
 
     The result is read-only where the producer marked its memory read-only (or could not say, on
-    the legacy protocol); negative strides are copied away. Errors from the producer propagate;
-    an ``x`` without ``__dlpack_device__`` raises AttributeError.
+    the legacy protocol); negative strides are copied away, and so are torch's lazily negated
+    views (torch exports their memory without the sign). Errors from the producer propagate.
     """
+    x = _resolve_torch_negation(x, copy)
     src_type, src_id = x.__dlpack_device__()
     src = (_device_type(src_type), int(src_id))
+    if device is None and backend is None and src_type in _HOST_TYPES:
+        return _import_host(x, src, copy)  # the common case, straight through
     be, want_id = _target(src, device, backend)
     if be.xp is np:
         return _import_host(x, src, copy)
     return _import_cupy(x, src, copy, be.xp, want_id)
+
+
+def _resolve_torch_negation(x: Any, copy: Optional[bool]) -> Any:
+    """torch exports a neg-bit view's memory without the pending negation: resolve it first (a copy)."""
+    is_neg = getattr(x, "is_neg", None)
+    if is_neg is None or not callable(is_neg) or not is_neg():
+        return x
+    if copy is False:
+        raise DLPackCopyError("this torch tensor is a lazily negated view; importing its values needs "
+                              "resolve_neg(), a copy, which copy=False forbids")
+    return x.resolve_neg()
 
 
 def _target(src: Tuple[Any, int], device: Any, backend: Any) -> Tuple[Backend, Optional[int]]:
@@ -254,13 +261,47 @@ def _backend_for_type(device_type: Any) -> str:
 
 def _import_host(x: Any, src: Tuple[Any, int], copy: Optional[bool]) -> np.ndarray:
     on_host = src[0] in _HOST_TYPES
-    capsule, modern = _export(x, stream=None, dl_device=None if on_host else _CPU_DEVICE, copy=copy)
-    # NumPy checks the version field (BufferError past 1.x, leaving the deleter to the capsule)
-    # and makes READ_ONLY and legacy capsules non-writeable
-    arr = np.from_dlpack(_Exported(capsule, src if on_host else _CPU_DEVICE))
-    if copy and not modern:
-        arr = arr.copy()  # a legacy producer was never asked to copy
+    try:
+        # NumPy is the consumer: it asks for max_version=(1, 0) (and dl_device=CPU for memory
+        # elsewhere), retries the legacy signature on TypeError, checks the version field
+        # (BufferError past 1.x, the capsule left to its deleter) and makes READ_ONLY and legacy
+        # capsules non-writeable
+        arr = np.from_dlpack(x, copy=copy) if on_host else np.from_dlpack(x, device="cpu", copy=copy)
+    except TypeError:
+        if copy is None or not on_host:
+            raise
+        # NumPy retries the legacy signature only when no copy= was asked for: retry it here
+        arr = np.from_dlpack(_Exported(x.__dlpack__(), src))
+        if copy:
+            arr = arr.copy()
+    except RuntimeError as exc:  # NumPy's word for a dtype it cannot hold; cgvm says BufferError
+        dtype = _exported_dtype(x)
+        if dtype is None or dtype[0] in _NUMPY_DTYPE_CODES:
+            raise
+        raise BufferError(f"the NumPy backend cannot hold DLPack dtype {_dtype_label(dtype)} "
+                          f"(code {dtype[0]}, {dtype[1]} bits); convert it first, e.g. to float32") from exc
     return _without_negative_strides(arr, copy, np)
+
+
+# DLDataType codes NumPy holds (int, uint, float, complex, bool) and the names of the others
+_NUMPY_DTYPE_CODES = frozenset({0, 1, 2, 5, 6})
+_DTYPE_NAMES = {3: "opaque handle", 4: "bfloat", 7: "float8_e3m4", 8: "float8_e4m3", 9: "float8_e4m3b11fnuz",
+                10: "float8_e4m3fn", 11: "float8_e4m3fnuz", 12: "float8_e5m2", 13: "float8_e5m2fnuz",
+                14: "float8_e8m0fnu", 15: "float6_e2m3fn", 16: "float6_e3m2fn", 17: "float4_e2m1fn"}
+
+
+def _exported_dtype(x: Any) -> Optional[Tuple[int, int, int]]:
+    """The DLPack dtype ``x`` exports as, to explain a failed import (None if it cannot be told)."""
+    try:
+        return capsule_info(_export(x, stream=None)).dtype
+    except Exception:  # the import already failed; this only decides how to word that failure
+        return None
+
+
+def _dtype_label(dtype: Tuple[int, int, int]) -> str:
+    code, bits, _ = dtype
+    name = _DTYPE_NAMES.get(code, f"type code {code}")
+    return name + str(bits) if code == 4 else name
 
 
 def _without_negative_strides(arr: Any, copy: Optional[bool], xp: Any) -> Any:
@@ -282,7 +323,8 @@ def _import_cupy(x: Any, src: Tuple[Any, int], copy: Optional[bool], cp: Any, wa
             # the consumer names its stream and the producer orders its work before it; DLPack
             # reserves 0 as ambiguous, so CuPy's null stream is passed as 1, the legacy default
             stream = cp.cuda.get_current_stream().ptr or 1
-            capsule, _ = _export(x, stream=stream, dl_device=None, copy=False if copy is False else None)
+            # copy=True is not passed on: CuPy producers refuse same-device copies, so cgvm copies below
+            capsule = _export(x, stream=stream)
             read_only = capsule_info(capsule).read_only
             arr = cp.from_dlpack(_Exported(capsule, src))
             if read_only and copy is False:
@@ -322,7 +364,9 @@ class Tensor:
     __slots__ = ("_array", "name")
 
     def __init__(self, data: Any, *, name: Optional[str] = None):
-        if not _is_backend_array(data):
+        if isinstance(data, Tensor):
+            data = data._array
+        elif not _is_backend_array(data):
             data = from_dlpack(data) if hasattr(data, "__dlpack__") else np.asarray(data)
         self._array = data
         self.name = name
@@ -397,6 +441,8 @@ class Tensor:
         if copy and not on_cpu and (dl_device is None or int(dl_device[0]) != DLDeviceType.CPU):
             # CuPy copies on request only to the host: copy on the device and export the copy
             arr, copy = arr.copy(), None
+        if on_cpu:  # keywords spelled out: a ``**dict`` call into NumPy costs more than the export
+            return arr.__dlpack__(stream=None, max_version=max_version, dl_device=dl_device, copy=copy)
         keywords = {}  # only what was asked: older producers (CuPy < 13) know fewer keywords
         if stream is not None:
             keywords["stream"] = stream

@@ -11,7 +11,7 @@ import types
 
 from ..frontends import theano as _impl
 from ..frontends.theano import *  # noqa: F401,F403
-from ..frontends.theano import (In, Lop, Mode, Out, Rop, clone, compile, config, debugprint, dprint,  # noqa: F401
+from ..frontends.theano import (In, Lop, Mode, Out, Rop, clone, config, debugprint, dprint,  # noqa: F401
                                 foldl, foldr, function, grad, ifelse as _ifelse_fn, map, pp, pprint, reduce,
                                 scan, shared, change_flags)
 from ..frontends.theano import (extra_ops, gradient, nlinalg, nnet, printing, random, scan_module,  # noqa: F401

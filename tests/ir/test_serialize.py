@@ -367,14 +367,16 @@ class Harvested(NamedTuple):
     case: Any
 
 
-def _import_op_test_module(stem: str):
-    """The op test module as pytest imports it (tests/ops on sys.path, plain module name)."""
+def _import_op_test_module(path: Path):
+    """The op test module, imported once: the module pytest made of it, or as pytest would make it
+    (tests/ops on sys.path, the file's stem as the name) if pytest has not collected it yet."""
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve() == path:
+            return module
     if str(OP_TESTS_DIR) not in sys.path:
         sys.path.insert(0, str(OP_TESTS_DIR))
-    module = sys.modules.get(stem)
-    if module is not None and Path(getattr(module, "__file__", "")).resolve() == OP_TESTS_DIR / f"{stem}.py":
-        return module
-    return importlib.import_module(stem)
+    return importlib.import_module(path.stem)
 
 
 def _is_case(obj: Any) -> bool:
@@ -388,7 +390,7 @@ def harvested_cases() -> Tuple[Harvested, ...]:
     seen: set = set()
     for path in sorted(OP_TESTS_DIR.glob("test_*.py")):
         try:
-            module = _import_op_test_module(path.stem)
+            module = _import_op_test_module(path.resolve())
         except Exception:  # a broken op test module is reported by its own collection
             continue
         for value in vars(module).values():

@@ -9,6 +9,7 @@ A fixed permutation splits them into train and test sets, written as
     DIR/digits_train.h5, DIR/digits_test.h5         datasets ``data`` (N x 1 x 28 x 28 float32
                                                      in [0, 1]) and ``label`` (N float32)
     DIR/digits_train_h5.txt, DIR/digits_test_h5.txt list files for HDF5Data layers
+    DIR/samples/test_<i>_label_<y>.png               ten test images, to try `cgvm run` on
 """
 from __future__ import annotations
 
@@ -101,4 +102,17 @@ def write_digits(out_dir: str, *, seed: int = 0, channels: int = 1, formats: Tup
             write_hdf5(h5, x, y)
             with open(os.path.join(out_dir, f"digits_{name}_h5.txt"), "w") as f:
                 f.write(os.path.abspath(h5) + "\n")
+    write_samples(os.path.join(out_dir, "samples"), xte[:10], yte[:10])
     return {"train": len(xtr), "test": len(xte)}
+
+
+def write_samples(directory: str, images: np.ndarray, labels: np.ndarray) -> None:
+    """A few test images as PNG files ``test_<i>_label_<y>.png`` to try ``cgvm run`` on (needs Pillow)."""
+    try:
+        from PIL import Image
+    except ImportError:
+        return
+    os.makedirs(directory, exist_ok=True)
+    for i, (img, label) in enumerate(zip(images, labels)):
+        pixels = img[0] if img.shape[0] == 1 else img.transpose(1, 2, 0)
+        Image.fromarray(pixels).save(os.path.join(directory, f"test_{i}_label_{int(label)}.png"))

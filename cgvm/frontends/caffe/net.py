@@ -274,8 +274,6 @@ class Net:
             if info.data is not None:
                 for name, shape in zip(info.tops, info.data.top_shapes()):
                     ws.set(self._entry(name), np.zeros(shape, self.dtype))
-                for name, array in info.data.next_batch().items():
-                    ws.set(self._entry(name), np.asarray(array, self.dtype))
         self._setting_up = True
         try:
             build = self._build(0, len(self._layers) - 1)

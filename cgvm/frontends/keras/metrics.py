@@ -15,7 +15,6 @@ from ...ir.types import TensorType
 from ...ops import elementwise as ew
 from ...ops import reduce as red
 from ...ops import shape as shp
-from ...ops import sorting
 from . import losses as losses_mod
 from .backend import as_array, get_workspace, to_value
 from .serialization import KerasConfigError

@@ -31,6 +31,19 @@ def custom_objects() -> Dict[str, Any]:
     return _custom_objects
 
 
+def accepted_args(cls: Any, config: Dict[str, Any]) -> Dict[str, Any]:
+    """``config`` without the keys ``cls`` does not take (newer Keras versions add some, e.g. input_axes)."""
+    import inspect
+
+    try:
+        params = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return config
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return config
+    return {k: v for k, v in config.items() if k in params}
+
+
 class Registry:
     """Classes under their class name and snake_case aliases."""
 
@@ -59,7 +72,7 @@ class Registry:
             return self.lookup(identifier, extra)()
         if isinstance(identifier, dict):
             cls = self.lookup(identifier.get("registered_name") or identifier["class_name"], extra)
-            config = dict(identifier.get("config") or {})
+            config = accepted_args(cls, dict(identifier.get("config") or {}))
             return cls.from_config(config) if hasattr(cls, "from_config") else cls(**config)
         return identifier
 

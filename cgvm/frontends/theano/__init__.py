@@ -20,22 +20,6 @@ from .scan_module import foldl, foldr, map, reduce, scan  # noqa: F401
 from .shared import SharedVariable, shared  # noqa: F401
 from .var import TensorType, TensorVariable  # noqa: F401
 
-compile = None  # replaced below: theano.compile namespace (In, Out, Mode, function)
-
-
-class _CompileNamespace:
-    """``theano.compile``: the names scripts import from it."""
-
-    from .function import In, Mode, Out, function  # noqa: F401
-    from ...errors import MissingInputError, UnusedInputError  # noqa: F401
-    from .shared import SharedVariable, shared  # noqa: F401
-    function_module = None
-    mode = None
-
-
-compile = _CompileNamespace()  # noqa: F811
-
-
 def clone(output, replace=None, strict=True, share_inputs=True):
     """A copy of ``output``'s graph with the variables in ``replace`` swapped (the original is untouched)."""
     from ...ir.builder import rebuild
@@ -49,6 +33,4 @@ def clone(output, replace=None, strict=True, share_inputs=True):
     return res[0] if single else res
 
 
-gof = None
-sandbox = None
 __version__ = "1.0.5-cgvm"

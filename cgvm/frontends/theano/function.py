@@ -152,8 +152,8 @@ class Function:
         self._downcast = [i.allow_downcast if i.allow_downcast is not None else allow_input_downcast for i in ins]
         self._positions = {i.name: k for k, i in enumerate(ins) if i.name is not None}
         self._defaults = {k: i.value for k, i in enumerate(ins) if i.value is not None}
+        self._checks = tuple(enumerate(zip(self._np_dtypes, self._ndims, self._fixed)))
         self._copy = self._plan_copies(core.graph, [o[1] for o in outs])
-        self._simple = not self._copy and not self._defaults
 
     # -- compile-time analysis --------------------------------------------------------
     def _plan_copies(self, graph: Any, borrow: Sequence[bool]) -> Tuple[int, ...]:
@@ -185,9 +185,11 @@ class Function:
         if self.trust_input:
             arrays = list(args)
         else:
-            arrays = [a if type(a) is np.ndarray and a.dtype == d and a.ndim == n and not f else
-                      self._convert(k, a)
-                      for k, (a, d, n, f) in enumerate(zip(args, self._np_dtypes, self._ndims, self._fixed))]
+            arrays = list(args)
+            for k, (d, n, fixed) in self._checks:
+                a = arrays[k]
+                if type(a) is not np.ndarray or a.dtype != d or a.ndim != n or fixed:
+                    arrays[k] = self._convert(k, a)
         results = self._run(arrays)
         arr_t = self._array_type
         for k, r in enumerate(results):

@@ -28,7 +28,8 @@ registry = Registry("layer")
 
 # constructor arguments every Keras layer accepts and this frontend has no use for
 _IGNORED_KWARGS = {"autocast", "input_dim", "input_length", "batch_size", "weights", "dynamic", "build_config",
-                   "compile_config", "module", "registered_name", "shared_object_id", "synchronized"}
+                   "compile_config", "module", "registered_name", "shared_object_id", "synchronized",
+                   "quantization_config", "lora_rank", "lora_alpha", "lora_enabled"}
 
 
 class Node:

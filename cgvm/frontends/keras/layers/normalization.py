@@ -8,6 +8,7 @@ from ....ops import elementwise_math as em
 from ....ops import nn
 from ....ops import reduce as red
 from ....ops import shape as shp
+from .. import initializers as initializers_mod
 from ..backend import current_scope, to_value
 from .base import Layer, registry
 from .core import make_weight, weight_args, weight_config
@@ -64,7 +65,9 @@ class BatchNormalization(Layer):
     def get_config(self):
         return {**super().get_config(), "axis": self.axis, "momentum": self.momentum, "epsilon": self.epsilon,
                 "center": self.center, "scale": self.scale,
-                **weight_config(self, "beta", "gamma", "moving_mean", "moving_variance")}
+                **weight_config(self, "beta", "gamma"),
+                "moving_mean_initializer": initializers_mod.serialize(self.moving_mean_initializer),
+                "moving_variance_initializer": initializers_mod.serialize(self.moving_variance_initializer)}
 
 
 @registry.register()
