@@ -66,7 +66,6 @@ class DLDeviceType(IntEnum):
 # host memory NumPy can read as it is; anything else is asked for a host copy (dl_device=CPU)
 _HOST_TYPES = frozenset({DLDeviceType.CPU, DLDeviceType.CPU_PINNED, DLDeviceType.ROCM_HOST})
 _CUDA_TYPES = frozenset({DLDeviceType.CUDA, DLDeviceType.CUDA_MANAGED})
-_CPU_DEVICE = (int(DLDeviceType.CPU), 0)
 
 FLAG_READ_ONLY = 1 << 0
 FLAG_IS_COPIED = 1 << 1
@@ -242,7 +241,7 @@ def _target(src: Tuple[Any, int], device: Any, backend: Any) -> Tuple[Backend, O
         name = _backend_for_type(device)
     if backend is not None:
         be = get_backend(backend)
-        if name is not None and get_backend(name) is not be:
+        if name is not None and name != be.name:
             raise ValueError(f"from_dlpack: device={device!r} is not on backend {be.name!r}")
         return be, want_id
     if name is None:
@@ -345,9 +344,7 @@ def _import_cupy(x: Any, src: Tuple[Any, int], copy: Optional[bool], cp: Any, wa
 
 # ---------------------------------------------------------------------------------------- Tensor
 
-def _is_backend_array(x: Any) -> bool:
-    if isinstance(x, np.ndarray):
-        return True
+def _is_cupy_array(x: Any) -> bool:
     cls = type(x)
     return cls.__name__ == "ndarray" and cls.__module__.partition(".")[0] == "cupy"
 
@@ -366,7 +363,7 @@ class Tensor:
     def __init__(self, data: Any, *, name: Optional[str] = None):
         if isinstance(data, Tensor):
             data = data._array
-        elif not _is_backend_array(data):
+        elif not isinstance(data, np.ndarray) and not _is_cupy_array(data):
             data = from_dlpack(data) if hasattr(data, "__dlpack__") else np.asarray(data)
         self._array = data
         self.name = name
@@ -403,11 +400,11 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """The data as a NumPy array: the backing array itself on the CPU, a host copy from CuPy."""
         arr = self._array
-        return arr if isinstance(arr, np.ndarray) else arr.get()
+        return arr.get() if _is_cupy_array(arr) else arr
 
     def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> np.ndarray:
         arr = self._array
-        if isinstance(arr, np.ndarray):
+        if not _is_cupy_array(arr):
             return np.array(arr, dtype=dtype, copy=copy)
         if copy is False:
             raise ValueError("a CuPy-backed cgvm.Tensor reaches NumPy only through a device-to-host copy")
@@ -427,7 +424,7 @@ class Tensor:
         protocol), or BufferError under ``copy=False``. A non-writeable array exports READ_ONLY.
         """
         arr = self._array
-        on_cpu = isinstance(arr, np.ndarray)
+        on_cpu = not _is_cupy_array(arr)
         if on_cpu and stream is not None:
             raise BufferError(f"stream must be None for a CPU tensor, got {stream!r}")
         if arr.ndim and min(arr.strides) < 0:

@@ -9,16 +9,20 @@ stacked over steps ``(T, ...)``, and the per-step outputs stacked ``(T, ...)``. 
 ``has_until`` the body's last output is a boolean scalar; the loop stops after the first step
 where it is true. Sub-graphs are closed: everything they read is an input.
 
+``truncate_gradient=k`` limits backpropagation through time to the last k steps (the forward
+loop always runs fully); ``truncate=k`` makes the loop itself run only its first k iterations,
+leaving the rest of the stacked outputs zero (how truncated backward loops are built).
+
 Frontends lower richer forms (sequence taps, multi-tap outputs) onto this one.
 """
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
-from ..errors import ShapeError
-from ..ir.attrs import Bool, GraphAttr, Int
+from ..errors import GradientError, ShapeError
+from ..ir.attrs import Bool, GraphAttr, Int, Ints
 from ..ir.builder import rebuild
-from ..ir.graph import Graph, Value, input_value
+from ..ir.graph import Graph, Value, input_value, toposort
 from ..ir.types import TensorType
 from . import elementwise as ew
 from . import shape as shp
@@ -40,14 +44,19 @@ def _dims_agree(a, b) -> bool:
     return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
+def _stacked(stacked, n_carry) -> tuple:
+    """Indices of the carries whose per-step values are stacked (None: all of them)."""
+    return tuple(range(n_carry)) if stacked is None else stacked
+
+
 def _scan_outputs(attrs, n_inputs):
     body = attrs["body"]
     n_ys = len(body.outputs) - attrs["n_carry"] - (1 if attrs["has_until"] else 0)
-    return 2 * attrs["n_carry"] + n_ys
+    return attrs["n_carry"] + len(_stacked(attrs["stacked"], attrs["n_carry"])) + n_ys
 
 
 def _scan_infer(types, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_steps, truncate,
-                reset_carries):
+                reset_carries, truncate_gradient, stacked):
     seqs, inits, rest = _split(types, n_seqs, n_carry)
     nonseqs = rest[:-1] if dyn_steps else rest
     expected = len(body.inputs)
@@ -71,23 +80,25 @@ def _scan_infer(types, body, n_seqs, n_carry, go_backwards, has_until, n_steps, 
     outs = []
     for t, out in zip(inits, body.outputs[:n_carry]):
         outs.append(TensorType([a if a == b else None for a, b in zip(t.shape, out.shape)], t.dtype))
-    stacked = [TensorType((steps,) + tuple(t.shape), t.dtype) for t in outs]
+    stacks = [TensorType((steps,) + tuple(outs[k].shape), outs[k].dtype) for k in _stacked(stacked, n_carry)]
     ys = [TensorType((steps,) + tuple(o.shape), o.dtype) for o in body.outputs[n_carry:n_carry + n_ys]]
-    return outs + stacked + ys
+    return outs + stacks + ys
 
 
 scan = defop("scan", num_inputs=(0, None), num_outputs=_scan_outputs, pattern=OPAQUE, needs_runtime=True,
              writes_out=False, infer=_scan_infer,
              attrs={"body": GraphAttr(), "n_seqs": Int(0), "n_carry": Int(0), "go_backwards": Bool(False),
                     "has_until": Bool(False), "n_steps": Int(None), "dyn_steps": Bool(False),
-                    "truncate": Int(-1), "reset_carries": Int(0)})
+                    "truncate": Int(-1), "reset_carries": Int(0), "truncate_gradient": Int(-1),
+                    "stacked": Ints(None)})
 
 
 @scan.kernel_factory
 def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_steps, truncate,
-      reset_carries):
+      reset_carries, truncate_gradient, stacked):
     run = runtime.compile(body)
     n_ys = len(body.outputs) - n_carry - (1 if has_until else 0)
+    kept = list(_stacked(stacked, n_carry)) + list(range(n_carry, n_carry + n_ys))  # body outputs to stack
 
     def scan_kernel(*inputs):
         seqs, inits, rest = _split(inputs, n_seqs, n_carry)
@@ -108,15 +119,15 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
             i = steps - 1 - t if go_backwards else t
             res = run([s[i] for s in seqs] + carries + nonseqs)
             if t == 0:
-                stacks = [xp.zeros((steps,) + r.shape, r.dtype) for r in res[:n_carry + n_ys]]
-            for st, r in zip(stacks, res):
-                st[t] = r
+                stacks = [xp.zeros((steps,) + res[k].shape, res[k].dtype) for k in kept]
+            for st, k in zip(stacks, kept):
+                st[t] = res[k]
             carries = res[:n_carry]
             if has_until and bool(res[-1]):
                 done = t + 1
                 break
         if not stacks:  # zero steps: empty stacks shaped after the initial carries
-            stacks = [xp.zeros((0,) + c.shape, c.dtype) for c in inits]
+            stacks = [xp.zeros((0,) + inits[k].shape, inits[k].dtype) for k in _stacked(stacked, n_carry)]
             stacks += [xp.zeros((0,) + tuple(d or 0 for d in o.shape), o.dtype.np)
                        for o in body.outputs[n_carry:n_carry + n_ys]]
         if active < steps:
@@ -143,6 +154,8 @@ def _(node, *gouts):
     nonseqs = list(rest[:-1] if a["dyn_steps"] else rest)
     K = len(nonseqs)
     n_ys = len(body.outputs) - C - (1 if a["has_until"] else 0)
+    if a["stacked"] is not None and tuple(a["stacked"]) != tuple(range(C)):
+        raise GradientError(f"{node.where()}: the gradient of a scan needs every carry stacked")
     g_final, g_stack, g_ys = _split(gouts, C, C)
     stacked = node.outputs[C:2 * C]
 
@@ -180,8 +193,16 @@ def _(node, *gouts):
     new_gh = [g_of(h) for h in h_in]
     new_gp = [ew.add(gp_carry[n], g_of(p_in[k])) for n, k in enumerate(diff_p)]
     gx = [g_of(x) for x in x_in]
-    bwd_inputs = x_in + h_in + gh_seq_in + gy_in + gh_carry + gp_carry + p_in
-    bwd_body = Graph(bwd_inputs, new_gh + new_gp + gx, name=f"{body.name}_grad")
+    # the step's outputs were stacked by the forward loop: read them instead of recomputing the step
+    # (tanh' from its output, say); values the gradient needs that were not outputs are still recomputed
+    fwd_stacks = list(stacked) + list(node.outputs[2 * C:2 * C + n_ys])
+    saved = [(v, st) for v, st in zip(step_outs, fwd_stacks) if v.node is not None]
+    saved_in = [input_value(v.type, f"saved{i}") for i, (v, _) in enumerate(saved)]
+    grads_out = rebuild(new_gh + new_gp + gx, {id(v): n for (v, _), n in zip(saved, saved_in)})
+    reads = {id(v) for n in toposort(grads_out) for v in n.inputs} | {id(v) for v in grads_out}
+    used = [(n, st) for n, (_, st) in zip(saved_in, saved) if id(n) in reads]
+    bwd_inputs = x_in + h_in + [n for n, _ in used] + gh_seq_in + gy_in + gh_carry + gp_carry + p_in
+    bwd_body = Graph(bwd_inputs, grads_out, name=f"{body.name}_grad")
 
     # the backward loop walks the forward iterations in reverse; every sequence is in iteration order
     backwards = a["go_backwards"]
@@ -192,10 +213,12 @@ def _(node, *gouts):
     gh0 = [shp.zeros_like(i) if g is None else g for i, g in zip(inits, g_final)]
     gp0 = [shp.zeros_like(nonseqs[k]) for k in diff_p]
     extra = [node.inputs[-1]] if a["dyn_steps"] else []
-    outs = scan(*x_iter, *h_prev, *gh_seqs, *gy_seqs, *gh0, *gp0, *nonseqs, *extra, body=bwd_body,
-                n_seqs=len(seqs) + len(h_prev) + len(gh_seqs) + len(gy_seqs), n_carry=C + len(diff_p),
+    saved_seqs = [st for _, st in used]
+    outs = scan(*x_iter, *h_prev, *saved_seqs, *gh_seqs, *gy_seqs, *gh0, *gp0, *nonseqs, *extra, body=bwd_body,
+                n_seqs=len(seqs) + len(h_prev) + len(saved_seqs) + len(gh_seqs) + len(gy_seqs),
+                n_carry=C + len(diff_p),
                 go_backwards=True, n_steps=a["n_steps"], dyn_steps=a["dyn_steps"],
-                truncate=a["truncate"], reset_carries=C)
+                truncate=a["truncate_gradient"], reset_carries=C)
     outs = outs if isinstance(outs, tuple) else (outs,)
     nc = C + len(diff_p)
     finals, ys = outs[:nc], outs[2 * nc:]

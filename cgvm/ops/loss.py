@@ -522,7 +522,8 @@ def _hinge_infer(types, norm):
     return TensorType((), scores.dtype)
 
 
-hinge = defop("hinge", num_inputs=2, pattern=OPAQUE, infer=_hinge_infer, attrs={"norm": Str("L1", choices=("L1", "L2"))},
+hinge = defop("hinge", num_inputs=2, pattern=OPAQUE, infer=_hinge_infer,
+              attrs={"norm": Str("L1", choices=("L1", "L2"))},
               doc="Caffe's HingeLoss on scores (N, D) and integer labels (N,): with t = scores, the true class "
                   "negated, l = max(0, 1 + t); L1: sum(l) / N, L2: sum(l^2) / N.")
 

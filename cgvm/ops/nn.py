@@ -320,6 +320,7 @@ def _(node, g):
 
 
 __all__: Sequence[str] = (
-    "ACROSS", "WITHIN", "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "softmax_values", "log_softmax_values",
+    "ACROSS", "WITHIN", "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "softmax_values",
+    "log_softmax_values",
     "lrn", "lrn_grad", "lrn_window_sum", "batch_norm", "batch_norm_grad", "dropout", "dropout_grad",
     "embedding", "embedding_grad", "prelu")

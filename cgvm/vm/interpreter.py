@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from ..backend.threads import ensure_configured
 from ..errors import CgvmError, ExecutionError, InputError
 from ..ir.types import DType, TensorType
 from .bytecode import CALL, FREE, Program
@@ -49,6 +50,8 @@ class Executable:
         self.workspace = workspace
         self.backend = workspace.backend
         self.engine = engine
+        if self.backend.name == "numpy":
+            ensure_configured()
         xp = self.backend.xp
         self.kernels = [node.op.bind(xp, node.attrs, self.backend.overrides, runtime) for node in program.nodes]
         self.planner = planner

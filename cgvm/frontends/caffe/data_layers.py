@@ -6,7 +6,8 @@ arrays to the compiled program. Importing this module registers the factories
 ``factory(layer_param, phase, ctx) -> layer`` in ``layers.base.DATA_LAYERS``. HDF5Output is a sink: it has
 no tops and ``write({bottom name: array})`` appends what it is given.
 
-Paths are relative to the working directory, as in Caffe. Random choices (crop offsets,
+Paths are relative to the working directory, as in Caffe. Layers that read in sequence have
+``get_state()``/``set_state()`` (a JSON-able read position) for solver snapshots. Random choices (crop offsets,
 mirroring, shuffling, window sampling) come from the net's generator ``ctx.rng`` (else one
 seeded by ``set_random_seed``), so seeded runs repeat.
 """
@@ -137,6 +138,27 @@ class DataTransformer:
 
 # --------------------------------------------------------------------------- Data (LMDB)
 
+_lmdb_envs: Dict[str, Any] = {}
+
+
+def _open_lmdb(lmdb: Any, source: str) -> Any:
+    """One read-only environment per database and process (lmdb refuses a second open); every
+    layer reading it has its own transaction and cursor."""
+    key = os.path.realpath(source)
+    env = _lmdb_envs.get(key)
+    if env is None:
+        env = _lmdb_envs[key] = lmdb.open(source, readonly=True, lock=False, readahead=False,
+                                          subdir=os.path.isdir(source), max_readers=126)
+    return env
+
+
+def forget_lmdb(source: str) -> None:
+    """Close the shared environment of ``source`` (before the database is rewritten)."""
+    env = _lmdb_envs.pop(os.path.realpath(source), None)
+    if env is not None:
+        env.close()
+
+
 class LMDBDataLayer:
     """``type: "Data"``: Datum records from an LMDB database, in key order, wrapping at the end."""
 
@@ -160,8 +182,7 @@ class LMDBDataLayer:
         except ImportError:
             raise _error(ctx, layer, "the Data layer needs the lmdb package: pip install lmdb") from None
         self.rng = _rng(ctx)
-        self._env = lmdb.open(source, readonly=True, lock=False, readahead=False, subdir=os.path.isdir(source),
-                              max_readers=64)
+        self._env = _open_lmdb(lmdb, source)
         self._txn = self._env.begin(buffers=False)
         self._cursor = self._txn.cursor()
         if not self._cursor.first():
@@ -175,6 +196,14 @@ class LMDBDataLayer:
 
     def _advance(self) -> None:
         if not self._cursor.next():
+            self._cursor.first()
+
+    def get_state(self) -> Dict[str, Any]:
+        """The read position (a solver snapshot keeps it, so a restored run reads on from there)."""
+        return {"key": self._cursor.key().hex()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        if not self._cursor.set_key(bytes.fromhex(state["key"])):
             self._cursor.first()
 
     def _datum(self) -> np.ndarray:
@@ -260,6 +289,16 @@ class HDF5DataLayer:
 
     def top_shapes(self) -> List[Tuple[int, ...]]:
         return [(self.batch_size,) + self.current[t].shape[1:] for t in self.tops]
+
+    def get_state(self) -> Dict[str, Any]:
+        return {"file_order": self.file_order.tolist(), "file_pos": self.file_pos, "row": self.row,
+                "row_order": self.row_order.tolist()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.file_order = np.asarray(state["file_order"], np.int64)
+        self.file_pos = int(state["file_pos"])
+        self._load(self.file_order[self.file_pos])
+        self.row, self.row_order = int(state["row"]), np.asarray(state["row_order"], np.int64)
 
     def next_batch(self) -> Dict[str, np.ndarray]:
         out = {t: np.empty((self.batch_size,) + a.shape[1:], np.float32) for t, a in self.current.items()}
@@ -368,10 +407,11 @@ class ImageDataLayer:
             raise _error(ctx, layer, f"the list file {param.source!r} names no images")
         self.rng = _rng(ctx)
         self.shuffle = bool(param.shuffle)
+        self.order = np.arange(len(self.lines))
         if self.shuffle:
-            self.rng.shuffle(self.lines)
+            self.rng.shuffle(self.order)
         self.pos = int(self.rng.integers(0, param.rand_skip)) % len(self.lines) if param.rand_skip else 0
-        first = self._image(self.lines[self.pos][0], layer, ctx)
+        first = self._image(self.lines[self.order[self.pos]][0], layer, ctx)
         self.image_shape = first.shape
         self.transform = DataTransformer(layer.transform_param, phase, self.rng, layer, ctx)
 
@@ -387,7 +427,7 @@ class ImageDataLayer:
     def next_batch(self) -> Dict[str, np.ndarray]:
         images, labels = [], np.empty(self.batch_size, np.float32)
         for i in range(self.batch_size):
-            path, labels[i] = self.lines[self.pos]
+            path, labels[i] = self.lines[self.order[self.pos]]
             img = self._image(path)
             if img.shape != self.image_shape:
                 # Caffe reshapes per image; a batch needs one size, so later images are resized to the first
@@ -397,8 +437,14 @@ class ImageDataLayer:
             if self.pos >= len(self.lines):
                 self.pos = 0
                 if self.shuffle:
-                    self.rng.shuffle(self.lines)
+                    self.rng.shuffle(self.order)
         return {self.tops[0]: self.transform(np.stack(images)), self.tops[1]: labels}
+
+    def get_state(self) -> Dict[str, Any]:
+        return {"pos": self.pos, "order": self.order.tolist()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.pos, self.order = int(state["pos"]), np.asarray(state["order"], np.int64)
 
 
 class WindowDataLayer:

@@ -474,6 +474,9 @@ class Net:
             self._store(entry, value)
             if also is not None:
                 self._store(also, value)
+        for info in self._layers[lo:hi + 1]:   # sinks (HDF5Output) get their bottoms after the forward
+            if info.data is not None and hasattr(info.data, "write"):
+                info.data.write({name: ws[self._entry(name)] for name in info.bottoms})
         return loss
 
     def _store(self, entry: str, value: Any) -> None:

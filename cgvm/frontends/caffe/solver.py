@@ -6,15 +6,17 @@ copies), and compiles ONE Function per training step: forward, backward and Caff
 (solver_updates.py) with the history blobs in the Workspace. The host only fetches the next
 batch and evaluates the learning-rate policy. Around that sits Caffe's Solver::Step: periodic
 tests, display with a smoothed loss, snapshots (BINARYPROTO or HDF5, with .solverstate), and
-restore, which continues exactly as if training had not stopped.
+restore, which continues exactly as if training had not stopped (the .solverstate is Caffe's;
+a small JSON file beside it adds the random generators and data positions Caffe does not keep).
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Dict, List, Optional, TextIO, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -33,19 +35,24 @@ from cgvm.vm.workspace import Workspace
 __all__ = ["Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver",
            "AdamSolver", "get_solver", "SOLVERS"]
 
+#: Beside each .solverstate: the random generators and data read positions (JSON), so a restored
+#: run draws the same batches, crops and dropout masks as an uninterrupted one. Caffe ignores it.
+RUN_STATE_SUFFIX = ".cgvm-run.json"
+
 
 class Solver:
     """Caffe's Solver over cgvm nets. ``Solver(solver_file)`` or ``Solver(param=SolverParameter)``.
 
     Keywords beyond pycaffe's: ``backend`` ("numpy" or "cupy"), ``log`` (a text stream for
-    Caffe's log lines; default stderr, like glog), ``weights`` (replaces the file's
-    ``weights:``), ``allow_python_layers``, ``level``/``stages`` (added to train and test states).
+    Caffe's log lines; default stderr, like glog; False: none), ``weights`` (replaces the file's
+    ``weights:``), ``allow_python_layers``, ``level``/``stages`` (added to the train state, as
+    ``caffe train --level --stage`` does).
     """
 
     type_name = "SGD"
 
     def __init__(self, solver_file: Optional[str] = None, *, param: Optional[caffe_pb2.SolverParameter] = None,
-                 backend: Any = None, log: Optional[TextIO] = None, weights: Optional[List[str]] = None,
+                 backend: Any = None, log: Any = None, weights: Optional[List[str]] = None,
                  allow_python_layers: Optional[bool] = None, level: int = 0, stages: Tuple[str, ...] = ()):
         if param is None:
             if solver_file is None:
@@ -55,7 +62,7 @@ class Solver:
             param = read_solver(solver_file)
         self.param = param
         self.solver_file = solver_file
-        self.log_stream = log if log is not None else sys.stderr
+        self.log_stream = sys.stderr if log is None else (None if log is False else log)
         su.check_solver_param(param, self.type_name)
         if param.test_iter and param.test_interval <= 0 and (param.test_net or param.test_net_param or
                                                               _has_generic_net(param)):
@@ -73,7 +80,7 @@ class Solver:
         self.workspace = Workspace(_default_backend() if backend is None else backend)
         self.net = self._make_net(*self._train_source(), caffe_pb2.TRAIN, param.train_state, seed, level, stages)
         self.test_nets = [self._make_net(src, name, caffe_pb2.TEST, state, None if seed is None else seed + 1 + i,
-                                         level, stages)
+                                         0, ())
                           for i, (src, name, state) in enumerate(self._test_sources())]
         if len(param.test_iter) != len(self.test_nets):
             raise CaffeError(f"the solver has {len(self.test_nets)} test net(s) but {len(param.test_iter)} "
@@ -134,7 +141,7 @@ class Solver:
                   seed: Optional[int], level: int, stages: Tuple[str, ...]):
         from cgvm.frontends.caffe.pycaffe import Net
 
-        level = level + (state.level if state is not None else 0)
+        level = level or (state.level if state is not None else 0)   # an explicit level wins
         all_stages = list(stages) + (list(state.stage) if state is not None else [])
         return Net(source, phase=phase, level=level, stages=all_stages, workspace=self.workspace, seed=seed,
                    filename=filename, **self._net_options)
@@ -377,7 +384,25 @@ class Solver:
             msg = caffe_pb2.SolverState(iter=self.iter, learned_net=model, current_step=self.current_step)
             msg.history.extend(array_to_blobproto(a) for a in histories)
             write_solver_state(msg, state)
+        with open(state + RUN_STATE_SUFFIX, "w") as f:
+            json.dump(self._run_state(), f)
         return model, state
+
+    def _run_state(self) -> Dict[str, Any]:
+        """What Caffe's SolverState lacks for an exact resume: random generators and data positions."""
+        nets = []
+        for net in [self.net] + self.test_nets:
+            layers = {info.name: info.data.get_state() for info in net.layer_infos
+                      if info.data is not None and hasattr(info.data, "get_state")}
+            nets.append({"rng": net._rng.bit_generator.state, "data": layers})
+        return {"format": "cgvm-solver-run-state/1", "nets": nets}
+
+    def _set_run_state(self, state: Dict[str, Any]) -> None:
+        for net, saved in zip([self.net] + self.test_nets, state.get("nets", [])):
+            net._rng.bit_generator.state = saved["rng"]   # data layers share this generator
+            for info in net.layer_infos:
+                if info.name in saved["data"] and hasattr(info.data, "set_state"):
+                    info.data.set_state(saved["data"][info.name])
 
     def _history_entries(self) -> List[Tuple[str, Tuple[int, ...]]]:
         """History entries in Caffe's order: every param's first history, then every param's second."""
@@ -422,6 +447,9 @@ class Solver:
         for entry, array in staged:
             self.workspace.set(entry, array)
         self.iter, self.current_step = iteration, current_step
+        if os.path.isfile(state_file + RUN_STATE_SUFFIX):
+            with open(state_file + RUN_STATE_SUFFIX) as f:
+                self._set_run_state(json.load(f))
 
     def _log(self, message: str) -> None:
         if self.log_stream is not None:

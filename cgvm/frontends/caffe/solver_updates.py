@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeError
 from cgvm.ir import Value
@@ -72,9 +74,8 @@ def adam_correction(param: caffe_pb2.SolverParameter, iteration: int) -> float:
     return float(_f32(math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)))
 
 
-def _f32(x: float):
-    import numpy as np
-
+def _f32(x: float) -> np.float32:
+    """Round to float32, as Caffe's Dtype arithmetic does."""
     return np.float32(x)
 
 

@@ -195,8 +195,8 @@ def scan(fn: Any, sequences: Any = None, outputs_info: Any = None, non_sequences
         attrs["n_steps"] = steps
     if not seq_slices and n_steps is None:
         raise ValueError("scan: n_steps is required when there are no sequences")
-    # truncate_gradient is accepted but not applied: cgvm's scan ``truncate`` attribute also shortens the
-    # forward loop, so full BPTT is used until the op separates the two
+    if truncate_gradient is not None and truncate_gradient > 0:
+        attrs["truncate_gradient"] = int(truncate_gradient)
     res = control.scan(*op_inputs, **attrs)
     res = res if isinstance(res, tuple) else (res,)
     finals, stacks, ys = res[:n_carry], res[n_carry:2 * n_carry], res[2 * n_carry:]

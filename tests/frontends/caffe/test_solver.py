@@ -47,8 +47,8 @@ def make_solver(tmp_path, kind="SGD", batch=4, extra="", cls=None, **kwargs):
     path = tmp_path / f"solver_{kind}.prototxt"
     path.write_text(text)
     if cls is not None:
-        return cls(str(path), log=None, **kwargs)
-    return S.get_solver(str(path), log=None, **kwargs)
+        return cls(str(path), log=False, **kwargs)
+    return S.get_solver(str(path), log=False, **kwargs)
 
 
 def weights(solver):
@@ -268,6 +268,51 @@ def test_legacy_solver_type_enum_dispatch(tmp_path):
     solver = make_solver(tmp_path, "SGD")
     text = (tmp_path / "solver_SGD.prototxt").read_text().replace('type: "SGD"', "solver_type: NESTEROV")
     (tmp_path / "legacy.prototxt").write_text(text)
-    assert type(S.get_solver(str(tmp_path / "legacy.prototxt"), log=None)) is S.NesterovSolver
+    assert type(S.get_solver(str(tmp_path / "legacy.prototxt"), log=False)) is S.NesterovSolver
     del solver
 
+
+
+def test_test_states_select_layers_per_test_net(tmp_path):
+    solver = make_solver(tmp_path, "SGD")
+    net_file = tmp_path / "net_4.prototxt"
+    net_file.write_text(net_file.read_text() + 'layer { name: "twice" type: "Power" bottom: "ip" top: "twice" '
+                        'power_param { scale: 2 } include { stage: "a" } }\n')
+    text = (tmp_path / "solver_SGD.prototxt").read_text()
+    text += 'test_iter: 1\ntest_iter: 2\ntest_interval: 10\ntest_state { stage: "a" }\ntest_state { stage: "b" }\n'
+    (tmp_path / "staged.prototxt").write_text(text)
+    solver = S.get_solver(str(tmp_path / "staged.prototxt"), log=False)
+    assert [net.outputs for net in solver.test_nets] == [["loss", "twice"], ["loss"]]
+    assert solver.net.outputs == ["loss"]
+    scores = solver.test_all()
+    assert set(scores[0]) == {"loss", "twice"} and set(scores[1]) == {"loss"}
+
+
+def test_restore_continues_exactly_with_lmdb_crops_and_dropout(tmp_path):
+    """Data positions, random crops/mirrors and dropout masks resume where the snapshot left them."""
+    pytest.importorskip("lmdb")
+    from cgvm.frontends.caffe.digits import write_lmdb
+
+    images = np.random.default_rng(0).integers(0, 255, (10, 1, 8, 8), dtype=np.uint8)
+    write_lmdb(str(tmp_path / "db"), images, np.arange(10) % 3)
+    (tmp_path / "net.prototxt").write_text(
+        f'layer {{ name: "d" type: "Data" top: "data" top: "label" transform_param {{ crop_size: 6 mirror: true '
+        f'scale: 0.01 }} data_param {{ source: "{tmp_path / "db"}" batch_size: 4 backend: LMDB }} }}\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" inner_product_param { num_output: 8 '
+        'weight_filler { type: "xavier" } } }\n'
+        'layer { name: "drop" type: "Dropout" bottom: "ip" top: "ip" }\n'
+        'layer { name: "out" type: "InnerProduct" bottom: "ip" top: "out" inner_product_param { num_output: 3 '
+        'weight_filler { type: "xavier" } } }\n'
+        'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "out" bottom: "label" top: "loss" }\n')
+    (tmp_path / "solver.prototxt").write_text(
+        f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.1\nmomentum: 0.9\nlr_policy: "fixed"\nmax_iter: 10\n'
+        f'random_seed: 5\nsnapshot_prefix: "{tmp_path / "snap"}"\n')
+    first = S.get_solver(str(tmp_path / "solver.prototxt"), log=False)
+    first.step(3)
+    _, state = first.snapshot()
+    first.step(5)
+    resumed = S.get_solver(str(tmp_path / "solver.prototxt"), log=False)
+    resumed.restore(state)
+    resumed.step(5)
+    for p in first.net.learnable_params:
+        np.testing.assert_array_equal(resumed.workspace[p.name], first.workspace[p.name])

@@ -1,6 +1,9 @@
-"""Loop-invariant code motion: work in a scan body that reads only non-sequences runs once, outside.
+"""Loop optimizations on scan nodes.
 
-A hoisted value is computed by the outer graph and enters the body as a new non-sequence.
+- hoist_loop_invariants: work in a body that reads only non-sequences runs once, outside;
+  the value enters the body as a new non-sequence.
+- prune_loop_outputs: per-step outputs nobody reads are dropped from the body (so the work
+  behind them goes too), and carries whose stacked history nobody reads are not stacked.
 """
 from __future__ import annotations
 
@@ -60,5 +63,44 @@ def hoist_loop_invariants(graph: Graph) -> Graph:
         if node.op.name != "scan":
             return None
         return _hoist_scan(node, inputs)
+
+    return rewrite(graph, rule)
+
+
+def prune_loop_outputs(graph: Graph) -> Graph:
+    used = {id(v) for n in graph.nodes for v in n.inputs} | {id(v) for v in graph.outputs}
+
+    def rule(node, inputs):
+        if node.op.name != "scan":
+            return None
+        a = node.attrs
+        body: Graph = a["body"]
+        C = a["n_carry"]
+        stacked = list(range(C)) if a["stacked"] is None else list(a["stacked"])
+        n_ys = len(body.outputs) - C - (1 if a["has_until"] else 0)
+        outs = node.outputs
+        stack_outs = outs[C:C + len(stacked)]
+        ys_outs = outs[C + len(stacked):]
+        keep_stacked = [k for k, v in zip(stacked, stack_outs) if id(v) in used]
+        keep_ys = [j for j, v in enumerate(ys_outs) if id(v) in used]
+        if len(keep_stacked) == len(stacked) and len(keep_ys) == n_ys:
+            return None
+        attrs = dict(a)
+        attrs["stacked"] = tuple(keep_stacked)
+        if len(keep_ys) != n_ys:
+            body_outs = list(body.outputs[:C]) + [body.outputs[C + j] for j in keep_ys]
+            if a["has_until"]:
+                body_outs.append(body.outputs[-1])
+            attrs["body"] = Graph(body.inputs, body_outs, name=body.name)
+        new = clone_node(node, inputs, attrs)
+        mapping = list(new[:C])
+        it_stack = iter(new[C:C + len(keep_stacked)])
+        it_ys = iter(new[C + len(keep_stacked):])
+        # outputs that are dropped are unused: map them to any value of the right kind (never read)
+        for k, v in zip(stacked, stack_outs):
+            mapping.append(next(it_stack) if k in keep_stacked else v)
+        for j, v in enumerate(ys_outs):
+            mapping.append(next(it_ys) if j in keep_ys else v)
+        return mapping
 
     return rewrite(graph, rule)
