@@ -22,7 +22,11 @@ from .vm.workspace import Workspace, default_workspace
 
 
 class SubgraphRuntime:
-    """Compiles sub-graphs (scan bodies, cond branches) the same way, for the same workspace."""
+    """Compiles sub-graphs (scan bodies, cond branches) the same way, for the same workspace.
+
+    ``compile(graph)`` returns a runner: ``runner(args) -> list`` and, for loops whose step
+    signature does not change, ``runner.prepare(args) -> step(*args) -> tuple``.
+    """
 
     def __init__(self, workspace: Workspace, *, plan: bool = True, inplace: bool = True, debug: bool = False,
                  engine: str = "threaded"):
@@ -39,8 +43,8 @@ class SubgraphRuntime:
         program = generate(run_passes(graph, debug=self.debug))
         exe = Executable(program, self.workspace, planner=self.planner, infer=infer_slot_types, runtime=self,
                          engine=self.engine)
-        self._cache[id(graph)] = (graph, exe.run)
-        return exe.run
+        self._cache[id(graph)] = (graph, exe)
+        return exe
 
 
 class Function:

@@ -115,14 +115,20 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         carries = list(inits)
         stacks: List[Any] = []
         done = steps
+        step = None
         for t in range(active):
             i = steps - 1 - t if go_backwards else t
-            res = run([s[i] for s in seqs] + carries + nonseqs)
-            if t == 0:
+            args = [s[i] for s in seqs] + carries + nonseqs
+            if step is None:
+                res = run(args)
+                if all(r.shape == c.shape for r, c in zip(res, carries)):
+                    step = run.prepare(args)  # the step's shapes are fixed from now on: skip the look-up
                 stacks = [xp.zeros((steps,) + res[k].shape, res[k].dtype) for k in kept]
+            else:
+                res = step(*args)
             for st, k in zip(stacks, kept):
                 st[t] = res[k]
-            carries = res[:n_carry]
+            carries = list(res[:n_carry])
             if has_until and bool(res[-1]):
                 done = t + 1
                 break

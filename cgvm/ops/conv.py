@@ -9,8 +9,9 @@ Attributes shared by the family (each may be one value for all spatial axes or o
 Output size per axis: ``floor((in + pad_begin + pad_end - (dilation·(k-1)+1)) / stride) + 1``.
 
 Kernels: im2col is an ``as_strided`` view of the zero-padded input copied once into a
-contiguous (N, groups, C/g·Πk, L) block, then one batched GEMM over (N, groups); col2im is a
-loop over kernel offsets adding strided slices (no scatter), which is what the transposed ops use.
+contiguous (N, groups, C/g·Πk [+1], L) block, then GEMMs over (N, groups); a bias rides along
+as a row of ones in the columns. col2im is a loop over kernel offsets adding strided slices
+(no scatter), which is what the transposed ops use.
 
 Gradients are three ops closed under differentiation (conv is bilinear in x and w):
 ``conv_grad_input(g, w, x_like)`` (= conv_transpose with the output shape of x) and
@@ -106,12 +107,12 @@ class ConvGeometry:
         return result
 
 
-def pad_input(xp: Any, x: Any, pads: PadPairs, fill: float = 0) -> Any:
-    """``x`` with its spatial axes padded by ``pads`` (x itself when there is no padding)."""
+def pad_input(xp: Any, x: Any, pads: PadPairs) -> Any:
+    """``x`` with its spatial axes zero-padded by ``pads`` (x itself when there is no padding)."""
     if not any(b or e for b, e in pads):
         return x
     shape = x.shape[:2] + tuple(n + b + e for n, (b, e) in zip(x.shape[2:], pads))
-    buf = xp.full(shape, fill, dtype=x.dtype) if fill else xp.zeros(shape, dtype=x.dtype)
+    buf = xp.zeros(shape, dtype=x.dtype)
     buf[(slice(None), slice(None)) + tuple(slice(b, b + n) for n, (b, _) in zip(x.shape[2:], pads))] = x
     return buf
 

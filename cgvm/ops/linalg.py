@@ -45,15 +45,11 @@ def _matmul_infer(types):
     return TensorType(batch + rows + cols, result_dtype(a.dtype, b.dtype))
 
 
-matmul = defop("matmul", num_inputs=2, pattern=OPAQUE, infer=_matmul_infer,
+# the kernel is xp.matmul itself (no Python layer: GEMMs sit in every loop body). A product of two
+# vectors comes back as a NumPy scalar, which every kernel accepts; programs return arrays.
+matmul = defop("matmul", num_inputs=2, pattern=OPAQUE, infer=_matmul_infer, ufunc="matmul",
                doc="numpy.matmul: matrix product over the last two axes, batch axes broadcast, 1-D "
                    "operands promoted to a row (left) or column (right) and the axis removed again.")
-
-
-@matmul.kernel
-def _(xp, a, b, out=None):
-    r = xp.matmul(a, b, out=out)
-    return r if out is not None or a.ndim > 1 or b.ndim > 1 else xp.asarray(r)
 
 
 @matmul.grad

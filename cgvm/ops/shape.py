@@ -306,9 +306,12 @@ transpose = defop("transpose", pattern=INJECTIVE, view=True, attrs={"perm": Ints
                   doc="Permute axes (default: reverse them).")
 
 
-@transpose.kernel
-def _(xp, x, *, perm):
-    return xp.transpose(x, perm)
+@transpose.kernel_factory
+def _(xp, perm):
+    # the array method skips NumPy's Python-level dispatch: this runs once per loop step in RNNs
+    if perm is None:
+        return lambda x: x.T
+    return lambda x: x.transpose(perm)
 
 
 @transpose.grad

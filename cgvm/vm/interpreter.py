@@ -67,7 +67,7 @@ class Executable:
         key = self.key(args)
         frame = self.frames.get(key)
         if frame is None:
-            frame = self.frames[key] = self.prepare(args)
+            frame = self.frames[key] = self.build_frame(args)
         return frame
 
     def _param_arrays(self) -> List[Any]:
@@ -78,7 +78,8 @@ class Executable:
                              "initialize the parameter before calling")
         return [data[name] for name, _ in self.program.param_slots]
 
-    def prepare(self, args: Sequence[Any]) -> Frame:
+    def build_frame(self, args: Sequence[Any]) -> Frame:
+        """Infer slot types, plan memory, allocate buffers and lower the code for this signature."""
         prog = self.program
         if len(args) != len(prog.input_slots):
             raise InputError(f"{prog.name} takes {len(prog.input_slots)} inputs, got {len(args)}")
@@ -212,6 +213,12 @@ class Executable:
         if frame is None:
             frame = self.frame_for(args)
         return list(frame.run(*args))
+
+    __call__ = run
+
+    def prepare(self, args: Sequence[Any]) -> Callable:
+        """``step(*args) -> tuple`` for repeated calls with the shapes of ``args`` (loop bodies)."""
+        return self.frame_for(args).run
 
     def _error(self, pc: int, exc: Exception, regs: Dict[int, Any]) -> Exception:
         prog = self.program

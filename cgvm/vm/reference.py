@@ -17,8 +17,19 @@ class ReferenceRuntime:
     def __init__(self, xp: Any):
         self.xp = xp
 
-    def compile(self, graph: Graph):
-        return lambda args: eval_graph(graph, args, xp=self.xp)
+    def compile(self, graph: Graph) -> "_ReferenceRunner":
+        return _ReferenceRunner(graph, self.xp)
+
+
+class _ReferenceRunner:
+    def __init__(self, graph: Graph, xp: Any):
+        self.graph, self.xp = graph, xp
+
+    def __call__(self, args: Sequence[Any]) -> list:
+        return eval_graph(self.graph, args, xp=self.xp)
+
+    def prepare(self, args: Sequence[Any]):
+        return lambda *a: tuple(eval_graph(self.graph, a, xp=self.xp))
 
 
 def eval_graph(graph: Graph, inputs: Sequence[Any], params: Optional[Mapping[str, Any]] = None,

@@ -36,7 +36,7 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-python-layers", action="store_true",
                    help="run the Python code of `type: \"Python\"` layers")
     p.add_argument("--threads", type=int, default=0,
-                   help="BLAS threads (needs threadpoolctl; 1 is fastest on a busy machine)")
+                   help="BLAS threads (default: $CGVM_NUM_THREADS, else the cores not already busy)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -71,15 +71,12 @@ def _stages(args: argparse.Namespace) -> List[str]:
 
 @contextlib.contextmanager
 def _threads(args: argparse.Namespace) -> Iterator[None]:
-    if not args.threads:
-        yield
-        return
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        raise CgvmError("--threads needs threadpoolctl: pip install threadpoolctl") from None
-    with threadpool_limits(limits=args.threads):
-        yield
+    """--threads N sizes the VM's BLAS pool (else the VM picks the cores not already busy)."""
+    if args.threads:
+        from cgvm.backend.threads import set_num_threads
+
+        set_num_threads(args.threads)
+    yield
 
 
 def _host(array: Any) -> np.ndarray:
@@ -337,6 +334,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 
 @command("run", "classify images with a deploy net and print the top classes", _run_args)
 def _run(args: argparse.Namespace) -> int:
+    with _threads(args):
+        return _classify(args)
+
+
+def _classify(args: argparse.Namespace) -> int:
     from cgvm.frontends.caffe import io as cio
     from cgvm.frontends.caffe.pycaffe import Net
 

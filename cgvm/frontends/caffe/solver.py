@@ -64,9 +64,6 @@ class Solver:
         self.solver_file = solver_file
         self.log_stream = sys.stderr if log is None else (None if log is False else log)
         su.check_solver_param(param, self.type_name)
-        if param.test_iter and param.test_interval <= 0 and (param.test_net or param.test_net_param or
-                                                              _has_generic_net(param)):
-            raise CaffeError("the solver has test nets (test_iter) but test_interval is not > 0")
         self.iter = 0
         self.current_step = 0
         self._losses: List[float] = []
@@ -74,7 +71,6 @@ class Solver:
         self._callbacks: List[Tuple[Callable[[], None], Callable[[], None]]] = []
         self.on_iteration: Optional[Callable[[int, float], None]] = None   # progress hook (the CLI's bar)
         self.test_scores: List[Tuple[int, int, "OrderedDict[str, float]"]] = []  # (iter, test net, means)
-        self._backend = backend
         self._net_options = dict(allow_python_layers=allow_python_layers)
         seed = int(param.random_seed) if param.random_seed >= 0 else None
         self.workspace = Workspace(_default_backend() if backend is None else backend)
@@ -85,6 +81,8 @@ class Solver:
         if len(param.test_iter) != len(self.test_nets):
             raise CaffeError(f"the solver has {len(self.test_nets)} test net(s) but {len(param.test_iter)} "
                              "test_iter value(s); give one per test net")
+        if self.test_nets and param.test_interval <= 0:
+            raise CaffeError("the solver has test nets but test_interval is not > 0; set how often to test")
         for path in (weights if weights is not None else _split_weights(param.weights)):
             self._log(f"Finetuning from {path}")
             for net in [self.net] + self.test_nets:
@@ -143,8 +141,11 @@ class Solver:
 
         level = level or (state.level if state is not None else 0)   # an explicit level wins
         all_stages = list(stages) + (list(state.stage) if state is not None else [])
-        return Net(source, phase=phase, level=level, stages=all_stages, workspace=self.workspace, seed=seed,
-                   filename=filename, **self._net_options)
+        options = dict(self._net_options)
+        if seed is not None:   # else the Net takes caffe.set_random_seed's seed, if any
+            options["seed"] = seed
+        return Net(source, phase=phase, level=level, stages=all_stages, workspace=self.workspace,
+                   filename=filename, **options)
 
     # ------------------------------------------------------------------ compiled steps
     def _dtype(self):
