@@ -264,10 +264,8 @@ def _read_graph(proto: pb.GraphProto) -> Graph:
 
     inputs = []
     for vid in proto.inputs:
-        vp = stored.get(vid)
-        if vp is None or vp.kind not in (pb.ValueProto.INPUT, pb.ValueProto.NODE):
-            what = "is not defined" if vp is None else f"is a {_kind_name(vp.kind)}, not an input"
-            raise SerializationError(f"input value {vid} {what}")
+        if vid not in env:  # every stored value listed as an input is in env by now
+            raise SerializationError(f"input value {vid} is not defined")
         inputs.append(env[vid])
     nodes: List[Node] = []
     for k, np_ in enumerate(proto.nodes):

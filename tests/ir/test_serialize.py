@@ -10,13 +10,14 @@ sources, node order) and, compiled with ``cgvm.compile``, compute the same array
   families are covered as soon as their tables exist;
 * one graph per registered op that no Case covers, where generic inputs fit it.
 
-tests/conftest.py also round-trips every graph compiled anywhere in the suite.
+tests/conftest.py also round-trips every graph compiled anywhere in the suite. Files, corrupt
+data and graphs that cannot be saved are in test_serialize_errors.py.
 """
 from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
@@ -27,19 +28,19 @@ import pytest
 import cgvm
 from cgvm.errors import CgvmError
 from cgvm.ir import (Graph, OpSchema, TensorType, apply, graph_from_proto, graph_to_proto, input_value,
-                     load_graph, param_value, save_graph, source_scope)
+                     param_value, source_scope)
 from cgvm.ir import cgvm_pb2 as pb
+from cgvm.ir import serialize
 from cgvm.ir.attrs import Any_, Array, Bool, DTypeAttr, Float, Floats, GraphAttr, Int, Ints, Str, attr_key
 from cgvm.ir.graph import const_value
 from cgvm.ir.opschema import OPS
-from cgvm.ir.serialize import FORMAT_VERSION, SerializationError, graph_difference
+from cgvm.ir.serialize import graph_difference
 from cgvm.ops import all_ops
 from cgvm.ops import elementwise as E
 from cgvm.ops import reduce as R
 from cgvm.ops import shape as S
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
-REPO_ROOT = TESTS_DIR.parent
 OP_TESTS_DIR = TESTS_DIR / "ops"
 
 
@@ -539,10 +540,6 @@ def test_graph_difference_finds_what_a_round_trip_could_lose():
 
 
 def test_conftest_round_trips_every_compiled_graph(monkeypatch):
-    import os
-
-    from cgvm.ir import serialize
-
     if os.environ.get("CGVM_TEST_ROUNDTRIP") == "0":
         pytest.skip("the save/load check of compiled graphs is off (CGVM_TEST_ROUNDTRIP=0)")
 

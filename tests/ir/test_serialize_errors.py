@@ -249,9 +249,9 @@ def test_corrupt_sub_graph_names_the_path_to_it(attr_op):
     y = apply(attr_op, [x], {"body": Graph([a], [inner], name="body1")}, name="outer_node")
     proto = graph_to_proto(Graph([x], [y], name="main"))
     inner = proto.nodes[0].attrs["body"].graph
-    inner.nodes[0].op = "nope"
-    _load_fails(proto, "graph 'main': node #0 (_test_serialize_attrs 'outer_node' at ",
-                "attribute 'body': graph 'body1': node #0 (nope at ", "unknown op 'nope'")
+    inner.nodes[1].op = "nope"
+    _load_fails(proto, "graph 'main': node #0 (_test_serialize_errors_attrs 'outer_node' at ",
+                "attribute 'body': graph 'body1': node #1 (nope at inner.py:3): unknown op 'nope'")
 
 
 def test_unclosed_graphs_cannot_be_saved():

@@ -3,8 +3,8 @@
 They take Caffe's flags (``--solver --model --weights --snapshot --iterations --phase --level
 --stage --gpu``) and print what the ``caffe`` tool prints (its log lines go to stdout here).
 ``--gpu`` selects the CuPy backend, with a clear error where CuPy or a GPU is missing; Python
-layers run only with ``--allow-python-layers``. Long runs show a progress bar when tqdm is
-installed and the output is a terminal.
+layers run only with ``--allow-python-layers``; Ctrl-C stops training with a snapshot. Long
+runs show a progress bar when tqdm is installed and the output is a terminal.
 """
 from __future__ import annotations
 
@@ -114,6 +114,7 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
 
 
 # --------------------------------------------------------------------------- train
@@ -149,10 +150,16 @@ def _train(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with _threads(args):
         solver = cls(args.solver, param=param, backend=backend, log=progress, weights=weights,
-                     allow_python_layers=args.allow_python_layers or None, level=args.level, stages=tuple(_stages(args)))
+                     allow_python_layers=args.allow_python_layers or None, level=args.level,
+                     stages=tuple(_stages(args)))
         solver.on_iteration = progress.update
         try:
             solver.solve(args.snapshot or None)
+        except KeyboardInterrupt:   # Caffe's default SIGINT effect: stop, keeping a snapshot
+            progress.close()
+            if param.snapshot_after_train:
+                solver.snapshot()
+            print("Optimization stopped early.")
         finally:
             progress.close()
     elapsed = time.perf_counter() - start

@@ -316,3 +316,16 @@ def test_restore_continues_exactly_with_lmdb_crops_and_dropout(tmp_path):
     resumed.step(5)
     for p in first.net.learnable_params:
         np.testing.assert_array_equal(resumed.workspace[p.name], first.workspace[p.name])
+
+
+def test_smoothed_loss_is_the_mean_of_the_last_average_loss_losses(tmp_path):
+    raw, smoothed = [], []
+    plain = make_solver(tmp_path, "SGD", extra="momentum: 0.9\n")
+    plain.on_iteration = lambda it, loss: raw.append(loss)
+    plain.step(6)
+    averaged = make_solver(tmp_path, "SGD", extra="momentum: 0.9\naverage_loss: 3\n")
+    averaged.on_iteration = lambda it, loss: smoothed.append(loss)
+    averaged.step(6)
+    expected = [np.mean(raw[max(0, i - 2):i + 1]) for i in range(6)]
+    np.testing.assert_allclose(smoothed, expected, rtol=1e-6)
+    assert raw[0] > raw[-1]
