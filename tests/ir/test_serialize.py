@@ -236,6 +236,13 @@ def test_kinds_names_types_and_sources_survive():
     assert pruned.inputs[0].kind == "node" and pruned.inputs[0].node is None
 
 
+def test_constants_and_parameters_may_be_graph_inputs():
+    c = const_value(np.ones(2, np.float32))
+    w = param_value("w", f32(2))
+    copy = check_roundtrip(Graph([c, w], [E.add(c, w)], name="fed"), [np.zeros(2, np.float32), randn(2)])
+    assert [v.kind for v in copy.inputs] == ["const", "param"]
+
+
 def test_identity_of_leaves_is_kept():
     copy = check_roundtrip(ex_shared_leaves().graph)
     mul_cc = next(n for n in copy.nodes if n.inputs[0] is n.inputs[1] and n.inputs[0].kind == "const")

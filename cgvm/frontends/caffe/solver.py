@@ -400,10 +400,11 @@ class Solver:
 
     def _set_run_state(self, state: Dict[str, Any]) -> None:
         for net, saved in zip([self.net] + self.test_nets, state.get("nets", [])):
-            net._rng.bit_generator.state = saved["rng"]   # data layers share this generator
             for info in net.layer_infos:
                 if info.name in saved["data"] and hasattr(info.data, "set_state"):
                     info.data.set_state(saved["data"][info.name])
+            # last: reloading a data file may draw from the generator, which data layers share
+            net._rng.bit_generator.state = saved["rng"]
 
     def _history_entries(self) -> List[Tuple[str, Tuple[int, ...]]]:
         """History entries in Caffe's order: every param's first history, then every param's second."""
