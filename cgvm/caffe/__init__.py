@@ -3,7 +3,8 @@
 Net, Layer (base of Python layers), TRAIN/TEST, set_mode_cpu/set_mode_gpu/set_device,
 set_random_seed, layer_type_list and ``caffe.proto.caffe_pb2``; the solvers and get_solver,
 ``caffe.io``, ``caffe.draw``, ``caffe.net_spec`` (``layers``, ``params``, ``NetSpec``,
-``to_proto``) and ``Classifier`` (see cgvm/frontends/caffe/).
+``to_proto``) and ``Classifier`` (see cgvm/frontends/caffe/); beyond pycaffe, ``symbolic_net`` (a
+prototxt applied to symbolic inputs, for mixing with the other frontends).
 """
 from cgvm.caffe import proto  # noqa: F401
 from cgvm.frontends.caffe.pycaffe import (TEST, TRAIN, Blob, Layer, Net, __version__, layer_type_list,  # noqa: F401
@@ -12,6 +13,7 @@ from cgvm.frontends.caffe.pycaffe import (TEST, TRAIN, Blob, Layer, Net, __versi
 from cgvm.frontends.caffe import classifier, draw, io, net_spec  # noqa: E402
 from cgvm.frontends.caffe.classifier import Classifier  # noqa: E402
 from cgvm.frontends.caffe.net_spec import NetSpec, layers, params, to_proto  # noqa: E402
+from cgvm.frontends.caffe.symbolic import SymbolicNet, symbolic_net  # noqa: E402
 from cgvm.frontends.caffe.solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver,  # noqa: E402
                                          RMSPropSolver, SGDSolver, get_solver)
 
@@ -24,4 +26,4 @@ for _name, _module in (("io", io), ("draw", draw), ("net_spec", net_spec), ("cla
 __all__ = ["Net", "Layer", "Blob", "TRAIN", "TEST", "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed",
            "layer_type_list", "proto", "__version__", "io", "draw", "net_spec", "classifier", "Classifier",
            "NetSpec", "layers", "params", "to_proto", "SGDSolver", "NesterovSolver", "AdaGradSolver",
-           "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver"]
+           "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "symbolic_net", "SymbolicNet"]

@@ -124,6 +124,44 @@ def _store(result: Any, out: Optional[Any]) -> Any:
     return out
 
 
+def _tiles(geo: PoolGeometry, in_sizes: Sequence[int]) -> bool:
+    """Whether the windows tile the input exactly (stride = kernel, no padding, sizes divisible).
+
+    Then every window element is one strided view of x and the gradient can be written view by
+    view, with no col2im accumulation (LeNet's 2x2/2 pooling: ~4x faster than the general path).
+    """
+    return (not any(b or e for b, e in geo.pads) and tuple(geo.stride) == tuple(geo.kernel)
+            and all(n % k == 0 for n, k in zip(in_sizes, geo.kernel)))
+
+
+def _tiled_grad(xp: Any, x: Any, g: Any, geo: PoolGeometry, out: Optional[Any]) -> Any:
+    """max_pool_grad for tiled windows: g to each window's first maximum, in row-major window order.
+
+    (NumPy reductions over small strided axes are slow: the maximum and the first-hit mask are
+    built from elementwise passes over the per-offset views instead.)
+    """
+    out_sizes = tuple(n // k for n, k in zip(x.shape[2:], geo.kernel))
+    split = tuple(x.shape[:2]) + tuple(d for o, k in zip(out_sizes, geo.kernel) for d in (o, k))
+
+    def at(a: Any, kk: Sequence[int]) -> Any:
+        return a[(slice(None), slice(None)) + tuple(i for k in kk for i in (slice(None), k))]
+
+    xr = x.reshape(split)
+    offsets = geo.offsets()
+    best = at(xr, offsets[0]).copy()
+    for kk in offsets[1:]:
+        xp.maximum(best, at(xr, kk), out=best)
+    result = xp.empty(split, dtype=g.dtype) if out is None else out.reshape(split)
+    taken = xp.zeros(best.shape, dtype=bool)
+    hit = xp.empty(best.shape, dtype=bool)
+    for kk in offsets:
+        xp.equal(at(xr, kk), best, out=hit)
+        xp.logical_and(hit, xp.logical_not(taken), out=hit)
+        xp.logical_or(taken, hit, out=taken)
+        xp.multiply(hit, g, out=at(result, kk))
+    return result.reshape(x.shape) if out is None else out
+
+
 def _window_argmax(xp: Any, x: Any, geo: PoolGeometry) -> Tuple[Any, Any, Tuple[int, ...]]:
     """(max, offset index of the first max in row-major window order, output sizes)."""
     out_sizes = geo.out_sizes(x.shape[2:])
@@ -255,6 +293,8 @@ max_pool_grad = defop("max_pool_grad", num_inputs=2, pattern=OPAQUE, attrs=dict(
 @max_pool_grad.kernel
 def _(xp, x, g, *, kernel, stride, pad, ceil_mode, out=None):
     geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
+    if _tiles(geo, x.shape[2:]):
+        return _tiled_grad(xp, x, g, geo, out)
     _, index, _ = _window_argmax(xp, x, geo)
     zero = xp.zeros((), dtype=g.dtype)
 

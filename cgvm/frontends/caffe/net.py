@@ -362,15 +362,19 @@ class Net:
         return hit
 
     # ------------------------------------------------------------------ graph building
-    def _build(self, lo: int, hi: int) -> _Build:
+    def _build(self, lo: int, hi: int, given: Optional[Dict[str, Value]] = None) -> _Build:
+        """Graph values of layers lo..hi. ``given`` (blob name -> Value) stands in for data layers'
+        tops and for blobs read from outside the range (symbolic_net's inputs from other frontends)."""
         from cgvm.errors import GraphBuildError
 
+        given = given or {}
         build = _Build()
         produced_at: Dict[str, Tuple[int, int]] = {}
         for i in range(lo, hi + 1):
             info = self._layers[i]
             if info.data is not None:
-                tops = [self._leaf_value(build, self._entry(name)) for name in info.tops]
+                tops = [given[name] if name in given else self._leaf_value(build, self._entry(name))
+                        for name in info.tops]
             else:
                 bottoms = []
                 for name in info.bottoms:
@@ -378,7 +382,7 @@ class Net:
                         bottoms.append(build.current[name])
                         build.consumed.add(id(build.current[name]))
                     else:
-                        leaf = self._leaf_value(build, self._entry(name))
+                        leaf = given[name] if name in given else self._leaf_value(build, self._entry(name))
                         build.leaves[name] = leaf
                         bottoms.append(leaf)
                 ctx = _LayerContext(self, info, build)

@@ -17,7 +17,7 @@ from .gradient import Lop, Rop, grad, hessian, jacobian  # noqa: F401
 from .ifelse import ifelse  # noqa: F401
 from .printing import debugprint, dprint, pp, pprint  # noqa: F401
 from .scan_module import foldl, foldr, map, reduce, scan  # noqa: F401
-from .shared import SharedVariable, shared  # noqa: F401
+from .shared import SharedVariable, shared, shared_from_workspace  # noqa: F401
 from .var import TensorType, TensorVariable  # noqa: F401
 
 def clone(output, replace=None, strict=True, share_inputs=True):

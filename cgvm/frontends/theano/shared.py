@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ...ir.graph import param_value
+from ...ir.graph import PARAM, Value, param_value
 from ...ir.types import DType
 from ...ir.types import TensorType as IRType
 from ...vm.workspace import Workspace, default_workspace
@@ -123,3 +123,42 @@ def shared(value: Any, name: Optional[str] = None, strict: bool = False, allow_d
 
 def is_shared(x: Any) -> bool:
     return isinstance(x, SharedVariable)
+
+
+def shared_from_workspace(source: Any, workspace: Optional[Workspace] = None,
+                          name: Optional[str] = None) -> SharedVariable:
+    """The shared variable of an entry already in the Workspace: no copy, one array for both sides.
+
+    ``source`` is the parameter Value a graph reads (a Caffe ``symbolic_net``'s ``params``), an
+    object that hands one out through ``__cgvm_value__`` (a Keras weight: its own workspace is
+    used unless ``workspace`` is given), or an entry name. Given a Value, the shared variable wraps
+    that very Value, so ``grad`` and ``function(updates=...)`` reach the other frontend's graph
+    (a second parameter Value of the same name would read the same array but be another leaf for
+    ``grad``). Asking again for the same Value or name returns the first shared variable.
+    """
+    if isinstance(source, str):
+        ws = workspace if workspace is not None else default_workspace()
+        if source not in ws:
+            raise KeyError(f"shared_from_workspace: the workspace has no entry {source!r}")
+        for ref in list(SHARED_BY_VALUE.values()):
+            known = ref()
+            if known is not None and known.key == source and known.workspace is ws:
+                return known
+        array = ws[source]
+        value = param_value(source, IRType(tuple(array.shape), DType(array.dtype)))
+    else:
+        value = source if isinstance(source, Value) else source.__cgvm_value__()
+        if not isinstance(value, Value) or value.kind != PARAM:
+            raise TypeError(f"shared_from_workspace: {source!r} is not a parameter (a Workspace entry read by name)")
+        ws = workspace if workspace is not None else getattr(source, "workspace", None) or default_workspace()
+        if value.name not in ws:
+            raise KeyError(f"shared_from_workspace: the workspace has no entry {value.name!r}")
+        hit = SHARED_BY_VALUE.get(id(value))
+        if hit is not None and hit() is not None:
+            return hit()
+    var = SharedVariable.__new__(SharedVariable)
+    TensorVariable.__init__(var, value, name=name or value.name)
+    var.workspace, var.key = ws, value.name
+    var.strict, var.allow_downcast, var.default_update = False, None, None
+    SHARED_BY_VALUE[id(value)] = weakref.ref(var, _forget(id(value)))
+    return var
