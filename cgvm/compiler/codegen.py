@@ -22,6 +22,10 @@ def generate(graph: Graph) -> Program:
 
     input_slots = [slot(v, v.name or f"input{i}") for i, v in enumerate(graph.inputs)]
     param_slots = [(p.name, slot(p, p.name)) for p in graph.params]
+    by_name = {name: s for name, s in param_slots}
+    for v in graph.leaves():  # other Values reading an already-seen parameter share its slot
+        if v.kind == PARAM and id(v) not in slot_of:
+            slot_of[id(v)] = by_name[v.name]
     const_slots = []
     for v in graph.leaves():
         if v.kind == CONST and id(v) not in slot_of:

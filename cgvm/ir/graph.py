@@ -178,9 +178,14 @@ class Graph:
             self._check_closed()
 
     def _collect_params(self) -> Tuple[Value, ...]:
+        """One Value per parameter name (several Values may read the same Workspace entry).
+
+        A parameter listed among the inputs is fed by the caller, not read from the Workspace.
+        """
+        fed = {id(v) for v in self.inputs}
         seen: Dict[str, Value] = {}
         for v in self.leaves():
-            if v.kind == PARAM and v.name not in seen:
+            if v.kind == PARAM and v.name not in seen and id(v) not in fed:
                 seen[v.name] = v
         return tuple(seen.values())
 

@@ -166,44 +166,56 @@ def _grouped_matmul(xp: Any, a: Any, b: Any, out: Optional[Any] = None) -> Any:
 
 # --------------------------------------------------------------------------- kernels (array-module generic)
 
+# im2col columns are built for a chunk of samples at a time, about this many bytes: the block stays
+# in a core's L2 cache, and a small buffer reused across chunks avoids the page faults that a
+# fresh batch-sized buffer costs on every call (they dominated the run time when measured).
+COLUMN_BUDGET_BYTES = 1 << 20
+
+
+def sample_chunks(n: int, bytes_per_sample: int) -> List[Tuple[int, int]]:
+    """[start, stop) ranges over the batch, each holding about COLUMN_BUDGET_BYTES of columns."""
+    size = max(1, COLUMN_BUDGET_BYTES // max(bytes_per_sample, 1))
+    return [(i, min(i + size, n)) for i in range(0, n, size)]
+
+
 def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, out: Optional[Any] = None) -> Any:
-    """y = conv(x, w) + b via im2col and one batched GEMM over (N, groups)."""
-    n, c = x.shape[:2]
+    """y = conv(x, w) + b: im2col of a chunk of samples, then GEMMs over (samples, groups)."""
+    n = x.shape[0]
     o, cg = w.shape[:2]
-    ksize = w.shape[2:]
+    ksize = tuple(w.shape[2:])
     g = geo.groups
+    og = o // g
     out_sizes = geo.out_sizes(x.shape[2:], ksize)
-    shape = (n, o) + out_sizes
     length = _prod(out_sizes)
-    if out is None or not out.flags.c_contiguous:
-        target = xp.empty(shape, dtype=x.dtype)
-    else:
-        target = out
-    wmat = w.reshape(g, o // g, -1)
+    target = out if out is not None and out.flags.c_contiguous else xp.empty((n, o) + out_sizes, dtype=x.dtype)
+    results = target.reshape(n, g, og, length)
+    wmat = w.reshape(g, og, -1)
     if _is_pointwise(ksize, geo):
-        cols = x.reshape(n, g, cg, length)
+        _grouped_matmul(xp, wmat, x.reshape(n, g, cg, length), out=results)
+        if b is not None:
+            target += b.reshape(_bias_shape(geo.nsp, o))
     else:
         view = _windows(xp, pad_input(xp, x, geo.pads), ksize, out_sizes, geo)
         kc = cg * _prod(ksize)
         # with a bias, the columns get a row of ones and the weights a bias column: the GEMM adds
         # the bias for ~1/kc more work instead of another pass over the output
         rows = kc + (b is not None)
-        cols = xp.empty((n, g, rows, length), dtype=x.dtype)
-        cols[:, :, :kc].reshape((n, g, cg) + tuple(ksize) + out_sizes)[...] = \
-            view.reshape((n, g, cg) + tuple(ksize) + out_sizes)
         if b is not None:
-            cols[:, :, kc] = 1
-            wmat = xp.concatenate([wmat, b.reshape(g, o // g, 1).astype(wmat.dtype)], axis=2)
-            b = None
-    _grouped_matmul(xp, wmat, cols, out=target.reshape(n, g, o // g, length))
-    if b is not None:
-        target += b.reshape(_bias_shape(geo.nsp, o))
-    return target if target is out or out is None else _store(xp, target, out)
+            wmat = xp.concatenate([wmat, b.reshape(g, og, 1).astype(wmat.dtype)], axis=2)
+        spans = sample_chunks(n, g * rows * length * x.dtype.itemsize)
+        cols = xp.empty((spans[0][1] - spans[0][0], g, rows, length), dtype=x.dtype)
+        cols[:, :, kc:] = 1
+        block = (g, cg) + ksize + out_sizes
+        for start, stop in spans:
+            m = stop - start
+            cols[:m, :, :kc].reshape((m,) + block)[...] = view[start:stop].reshape((m,) + block)
+            _grouped_matmul(xp, wmat, cols[:m], out=results[start:stop])
+    return target if out is None or target is out else _store(xp, target, out)
 
 
 def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: ConvGeometry,
                         out: Optional[Any] = None) -> Any:
-    """dx for y = conv(x, w): GEMM to columns, then col2im as strided slice additions."""
+    """dx for y = conv(x, w): per chunk of samples, GEMM to columns, then col2im as strided slice additions."""
     n, o = g.shape[:2]
     out_sizes = tuple(g.shape[2:])
     cg = w.shape[1]
@@ -211,22 +223,18 @@ def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: C
     groups = geo.groups
     og = o // groups
     length = _prod(out_sizes)
-    shape = (n, cg * groups) + tuple(in_sizes)
+    in_sizes = tuple(in_sizes)
+    shape = (n, cg * groups) + in_sizes
     gmat = xp.ascontiguousarray(g).reshape(n, groups, og, length)
-    if _is_pointwise(ksize, geo) and tuple(in_sizes) == out_sizes:
+    if _is_pointwise(ksize, geo) and in_sizes == out_sizes:
         wmat_t = w.reshape(groups, og, cg).transpose(0, 2, 1)
         if out is not None and out.flags.c_contiguous:
             xp.matmul(wmat_t, gmat, out=out.reshape(n, groups, cg, length))
             return out
         return xp.matmul(wmat_t, gmat).reshape(shape)
     kcount = _prod(ksize)
-    # columns ordered (N, groups, kernel offset, C/g, L): each offset's block is contiguous for col2im
+    # columns ordered (sample, group, kernel offset, C/g, L): each offset's block is contiguous for col2im
     wmat_t = w.reshape(groups, og, cg, kcount).transpose(0, 3, 2, 1).reshape(groups, kcount * cg, og)
-    if og == 1:  # depthwise-like: an outer product, which a GEMM with inner size 1 does slowly
-        cols = wmat_t * gmat
-    else:
-        cols = _grouped_matmul(xp, wmat_t, gmat)
-    cols = cols.reshape((n, groups, kcount, cg) + out_sizes)
     no_pad = not any(b or e for b, e in geo.pads)
     if no_pad and out is not None and out.flags.c_contiguous:
         acc = out
@@ -234,9 +242,16 @@ def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: C
     else:
         acc = xp.zeros(shape[:2] + tuple(s + b + e for s, (b, e) in zip(in_sizes, geo.pads)), dtype=g.dtype)
     grouped = acc.reshape((n, groups, cg) + acc.shape[2:])
-    for i, (_, sl) in enumerate(geo.offset_slices(ksize, out_sizes)):
-        view = grouped[(slice(None),) + sl]
-        xp.add(view, cols[:, :, i], out=view)
+    offsets = geo.offset_slices(ksize, out_sizes)
+    for start, stop in sample_chunks(n, groups * kcount * cg * length * g.dtype.itemsize):
+        if og == 1:  # depthwise-like: an outer product, which a GEMM with inner size 1 does slowly
+            cols = wmat_t * gmat[start:stop]
+        else:
+            cols = _grouped_matmul(xp, wmat_t, gmat[start:stop])
+        cols = cols.reshape((stop - start, groups, kcount, cg) + out_sizes)
+        for i, (_, sl) in enumerate(offsets):
+            view = grouped[(slice(start, stop),) + sl]
+            xp.add(view, cols[:, :, i], out=view)
     if acc is out:
         return out
     result = acc if no_pad else crop_padding(acc, geo.pads, in_sizes)
@@ -245,23 +260,30 @@ def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: C
 
 def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: ConvGeometry,
                          out: Optional[Any] = None) -> Any:
-    """dw for y = conv(x, w): per group, g (O/g, N·L) times the columns of x (N·L, C/g·Πk)."""
+    """dw for y = conv(x, w): per group and chunk of samples, g (O/g, m·L) times x's columns (m·L, C/g·Πk)."""
     n, c = x.shape[:2]
     o = g.shape[1]
     groups = geo.groups
+    og = o // groups
     out_sizes = tuple(g.shape[2:])
     nsp = geo.nsp
-    length = n * _prod(out_sizes)
+    length = _prod(out_sizes)
+    kc = (c // groups) * _prod(ksize)
     view = _windows(xp, pad_input(xp, x, geo.pads), ksize, out_sizes, geo)
-    # (C, k..., N, out...) so that each group's columns are one contiguous (C/g·Πk, N·L) matrix
+    # (C, k..., m, out...) so that each group's columns are one contiguous (C/g·Πk, m·L) matrix
     order = (1,) + tuple(range(2, 2 + nsp)) + (0,) + tuple(range(2 + nsp, 2 + 2 * nsp))
-    cols = xp.ascontiguousarray(view.transpose(order)).reshape(groups, -1, length)
-    gmat = xp.ascontiguousarray(xp.moveaxis(g, 1, 0)).reshape(groups, o // groups, length)
-    shape = (o, c // groups) + tuple(ksize)
-    if out is not None and out.flags.c_contiguous:
-        xp.matmul(gmat, cols.transpose(0, 2, 1), out=out.reshape(groups, o // groups, -1))
-        return out
-    return _store(xp, xp.matmul(gmat, cols.transpose(0, 2, 1)).reshape(shape), out)
+    target = out if out is not None and out.flags.c_contiguous else \
+        xp.empty((o, c // groups) + tuple(ksize), dtype=x.dtype)
+    result = target.reshape(groups, og, kc)
+    for index, (start, stop) in enumerate(sample_chunks(n, c * _prod(ksize) * length * x.dtype.itemsize)):
+        m = stop - start
+        cols = xp.ascontiguousarray(view[start:stop].transpose(order)).reshape(groups, kc, m * length)
+        gmat = xp.ascontiguousarray(xp.moveaxis(g[start:stop], 1, 0)).reshape(groups, og, m * length)
+        if index == 0:
+            xp.matmul(gmat, cols.transpose(0, 2, 1), out=result)
+        else:
+            result += xp.matmul(gmat, cols.transpose(0, 2, 1))
+    return target if out is None or target is out else _store(xp, target, out)
 
 
 # --------------------------------------------------------------------------- type rules

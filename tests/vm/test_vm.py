@@ -129,3 +129,20 @@ def test_workspace_errors_and_dlpack_zero_copy():
     t[0] = 42.0                     # written through the torch side
     assert ws["t"][0] == 42.0      # seen on ours: no copy
     assert np.shares_memory(arr, ws["t"])
+
+
+def test_two_values_of_one_parameter_share_its_slot():
+    ws = cgvm.Workspace()
+    ws["w"] = np.array([2.0, 3.0])
+    x = input_value(TensorType((2,), "float64"), "x")
+    t = TensorType((2,), "float64")
+    f = cgvm.compile([x], E.mul(E.mul(x, param_value("w", t)), param_value("w", t)), workspace=ws)
+    np.testing.assert_allclose(f(np.ones(2)), [4.0, 9.0])
+
+
+def test_a_parameter_given_as_input_is_fed_not_read():
+    ws = cgvm.Workspace()
+    ws["w"] = np.array([2.0, 3.0])
+    w = param_value("w", TensorType((2,), "float64"))
+    f = cgvm.compile([w], E.mul(w, 10.0), workspace=ws)
+    np.testing.assert_allclose(f(np.array([1.0, 1.0])), [10.0, 10.0])
