@@ -22,6 +22,11 @@ class VerifyError(CgvmError):
     """A graph breaks an IR invariant (found by the verifier)."""
 
 
+class SerializationError(CgvmError):
+    """A graph cannot be saved (an attribute value has no serialized form, the graph is not closed)
+    or data cannot be loaded (corrupt, truncated, written by a newer cgvm, unknown op)."""
+
+
 class GradientError(CgvmError):
     """A gradient was requested that cannot be built (disconnected, non-differentiable)."""
 

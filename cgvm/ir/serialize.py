@@ -24,7 +24,7 @@ import numpy as np
 from google.protobuf import message as _pb_message
 from google.protobuf import text_format
 
-from ..errors import CgvmError
+from ..errors import CgvmError, SerializationError
 from . import cgvm_pb2 as pb
 from .attrs import attr_key
 from .builder import apply
@@ -49,10 +49,6 @@ _ARRAY_KINDS = "biufc"  # bool, signed, unsigned, float, complex: fixed-size num
 
 PathLike = Union[str, "os.PathLike[str]"]
 
-
-class SerializationError(CgvmError):
-    """A graph cannot be saved (an attribute value has no serialized form, the graph is not closed)
-    or data cannot be loaded (corrupt, truncated, written by a newer cgvm, unknown op)."""
 
 
 # ============================================================================ Graph -> GraphProto
