@@ -16,13 +16,16 @@ from .harness import Row
 
 
 def _torch():
+    """PyTorch with the same thread budget as cgvm's BLAS pool (one run, one budget)."""
     try:
         import torch
-
-        torch.set_num_threads(max(1, __import__("os").cpu_count() or 1))
-        return torch
     except ImportError:
         return None
+    from cgvm.backend.threads import ensure_configured, num_threads
+
+    ensure_configured()
+    torch.set_num_threads(num_threads() or 1)
+    return torch
 
 
 def _pytensor():

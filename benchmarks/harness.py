@@ -82,8 +82,11 @@ def table(rows: List[Row], base: str = "cgvm") -> str:
 def machine() -> str:
     import numpy as np
 
+    from cgvm.backend.threads import num_threads
+
     bits = [platform.platform(), f"Python {platform.python_version()}", f"NumPy {np.__version__}",
-            f"{os.cpu_count()} CPUs"]
+            f"{os.cpu_count()} CPUs", f"BLAS/torch threads {num_threads()}",
+            f"load average {os.getloadavg()[0]:.1f}"]
     for mod in ("torch", "pytensor"):
         try:
             m = __import__(mod)

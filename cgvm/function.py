@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .compiler import generate, infer_slot_types, plan_memory, run_passes
+from .compiler.recompute import plan_recompute
 from .errors import InputError
 from .ir.graph import PARAM, Graph, Value
 from .vm.bytecode import dis
@@ -48,13 +49,18 @@ class SubgraphRuntime:
 
 
 class Function:
-    """A callable compiled from symbolic inputs and outputs."""
+    """A callable compiled from symbolic inputs and outputs.
+
+    ``recompute="sqrt"`` (or a list of forward values to drop) recomputes activations in the
+    backward pass instead of keeping them: O(sqrt(n)) activation memory for a deep net at the
+    cost of about one more forward pass (see cgvm.compiler.recompute).
+    """
 
     def __init__(self, inputs: Sequence[Value], outputs: Union[Value, Sequence[Value]], *,
                  updates: Optional[Mapping[Any, Value]] = None, workspace: Optional[Workspace] = None,
                  backend: Any = None, passes: Optional[Sequence[str]] = None, plan: bool = True,
                  inplace: bool = True, debug: bool = False, print_after: Iterable[str] = (),
-                 engine: str = "threaded", name: str = "function"):
+                 engine: str = "threaded", name: str = "function", recompute: Any = None):
         self.single = isinstance(outputs, Value)
         outs = [outputs] if self.single else list(outputs)
         self.workspace = workspace if workspace is not None else (
@@ -73,6 +79,10 @@ class Function:
         graph = Graph(list(inputs), outs + upd_values, name=name)
         self.source_graph = graph
         self.graph = run_passes(graph, passes=passes, debug=debug, print_after=print_after)
+        # recomputation (sublinear training memory) runs after CSE, which would merge its duplicates back
+        self.recompute_plan = plan_recompute(self.graph, recompute) if recompute is not None else None
+        if self.recompute_plan is not None:
+            self.graph = self.recompute_plan.graph
         self.program = generate(self.graph)
         self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
         self.executable = Executable(self.program, self.workspace, planner=self.runtime.planner,

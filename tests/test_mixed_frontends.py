@@ -61,13 +61,14 @@ def test_example_trains_lenet_trunk_keras_head_theano_loss():
     pytest.importorskip("sklearn")
     example = _load_example()
     lines = []
-    result = example.train(epochs=3, log=lines.append)
-    assert len(lines) == 3 and lines[-1].startswith("epoch 3")
+    result = example.train(epochs=4, log=lines.append)
+    assert len(lines) == 4 and lines[-1].startswith("epoch 4")
     assert result["losses"][-1] < result["losses"][0]
     assert result["accuracy"] >= 0.95, lines
     ws = result["workspace"]
     # one Workspace holds the parameters of all three frontends under their own names
-    for name in ("conv1/0", "conv1/1", "conv2/0", "ip1/0", "ip1/1", "keras/head/kernel", "keras/head/bias"):
+    for name in ("conv1/0", "conv1/1", "conv2/0", "ip1/0", "ip1/1", "keras/head/kernel", "keras/head/bias",
+                 "theano.log_scale"):
         assert name in ws
     assert ws["ip1/0"].shape == (500, 800) and ws["keras/head/kernel"].shape == (500, 10)
 
