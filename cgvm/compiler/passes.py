@@ -13,6 +13,7 @@ from .cse import eliminate_common_subexpressions
 from .fold import fold_constants
 from .loops import hoist_loop_invariants, prune_loop_outputs
 from .prune import prune
+from .schedule import schedule_for_memory
 
 
 class Pass(NamedTuple):
@@ -28,6 +29,8 @@ PIPELINE: List[Pass] = [
     Pass("cse", eliminate_common_subexpressions, ("fold",), "compute identical nodes once"),
     Pass("loop_outputs", prune_loop_outputs, ("prune",), "drop loop outputs and stacks nobody reads"),
     Pass("hoist", hoist_loop_invariants, ("cse",), "move loop-invariant work out of scan bodies"),
+    # keep last: passes that rebuild the graph from its outputs restore the depth-first order
+    Pass("schedule", schedule_for_memory, ("prune",), "order the backward pass so that values die early"),
 ]
 
 
