@@ -65,7 +65,10 @@ def _dis(args: argparse.Namespace) -> int:
 
 def _info_args(p: argparse.ArgumentParser) -> None:
     _compile_args(p)
-    p.add_argument("--memory", action="store_true", help="report planned vs unplanned memory")
+    p.add_argument("--memory", action="store_true", help="report peak, planned and unplanned memory")
+    p.add_argument("--train", action="store_true", help="with --memory: a training step (loss and gradients)")
+    p.add_argument("--recompute", default="none", choices=["none", "sqrt"],
+                   help="with --memory --train: recompute activations in backward (sublinear memory)")
     p.add_argument("--shape", action="append", default=[],
                    help="NAME=D0,D1,... concrete shape of an input with unknown dimensions")
 
@@ -74,10 +77,10 @@ def _info_args(p: argparse.ArgumentParser) -> None:
 def _info(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from .compiler import generate, infer_slot_types, plan_memory, run_passes
-    from .ir import TensorType
+    from .compiler import run_passes
 
-    graph = run_passes(load_graph_file(args.model, args))
+    loaded = load_graph_file(args.model, args)
+    graph = run_passes(loaded)
     print(f"graph {graph.name}: {len(graph.inputs)} inputs, {len(graph.params)} parameters, "
           f"{len(graph.nodes)} nodes, {len(graph.outputs)} outputs")
     for v in graph.inputs:
@@ -87,20 +90,12 @@ def _info(args: argparse.Namespace) -> int:
     for op, n in Counter(n.op.name for n in graph.nodes).most_common():
         print(f"  {op:<20} {n}")
     if args.memory:
-        shapes = dict(_parse_shape(s) for s in args.shape)
-        prog = generate(graph)
-        known = {}
-        for v, s in zip(graph.inputs, prog.input_slots):
-            shape = shapes.get(v.name, v.shape)
-            if None in shape:
-                raise CgvmError(f"input {v.name!r} has unknown dimensions {v.type!r}; give --shape {v.name}=...")
-            known[s] = TensorType(shape, v.dtype)
-        for p, (_, s) in zip(graph.params, prog.param_slots):
-            known[s] = p.type
-        plan = plan_memory(prog, infer_slot_types(prog, known))
-        weights = sum(p.type.nbytes or 0 for p in graph.params)
-        print(f"memory: weights {weights} bytes; activations planned {plan.planned_bytes} bytes "
-              f"vs {plan.unplanned_bytes} unplanned ({plan.summary()})")
+        from .compiler.memory_report import format_report, memory_report
+
+        recompute = None if args.recompute == "none" else args.recompute
+        report = memory_report(loaded, dict(_parse_shape(s) for s in args.shape),
+                               train=args.train, recompute=recompute)
+        print("\n".join(format_report(report)))
     return 0
 
 

@@ -32,6 +32,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 from ..errors import InputError
 from ..ir.builder import apply
 from ..ir.graph import CONST, INPUT, PARAM, Graph, Node, Value
+from .schedule import is_gradient_seed
 
 #: ``strategy`` values accepted besides an explicit list of values to drop
 STRATEGIES = ("sqrt",)
@@ -123,16 +124,12 @@ class _Split:
             backward_reads.update(id(v) for v in node.inputs)
         self.crossing: List[Value] = [o for n in forward for o in n.outputs
                                       if id(o) in backward_reads and id(o) not in self.outputs]
-        self.leaflike: Set[int] = set()     # forward values computed from leaves only (parameter transforms)
-        for n in forward:
-            if all(self.is_leaf(v) or id(v) in self.leaflike for v in n.inputs):
-                self.leaflike.update(id(o) for o in n.outputs)
 
     def _find_turn(self, seeds: Optional[Iterable[Value]]) -> Optional[int]:
         if seeds is not None:
             marks = [self.pos[id(v.node)] for v in seeds if v.node is not None and id(v.node) in self.pos]
         else:
-            marks = [i for i, n in enumerate(self.nodes) if _is_gradient_seed(n)]
+            marks = [i for i, n in enumerate(self.nodes) if is_gradient_seed(n)]
         return min(marks) if marks else None
 
     def is_leaf(self, v: Value) -> bool:
@@ -142,11 +139,11 @@ class _Split:
         return v.node is not None and id(v.node) in self.forward_ids
 
     def cut_positions(self) -> Set[int]:
-        """Forward positions p such that no earlier (non-parameter) value is read by a forward node after p."""
+        """Forward positions p such that no value made before p is read by a forward node after p."""
         last_read: Dict[int, int] = {}
         for i, node in enumerate(self.nodes[:self.turn]):
             for v in node.inputs:
-                if self.is_forward(v) and id(v) not in self.leaflike:
+                if self.is_forward(v):
                     p = self.pos[id(v.node)]
                     last_read[p] = max(last_read.get(p, p), i)
         cuts, reach = set(), -1
@@ -155,14 +152,6 @@ class _Split:
                 cuts.add(p)
             reach = max(reach, last_read.get(p, p))
         return cuts
-
-
-def _is_gradient_seed(node: Node) -> bool:
-    """``ones_like(cost)`` with a scalar float cost: the seed ``cgvm.grad`` starts the backward pass from."""
-    if node.op.name != "ones_like" or len(node.inputs) != 1:
-        return False
-    cost = node.inputs[0]
-    return cost.dtype.is_float and all(d == 1 for d in cost.shape)
 
 
 def _view_root(split: _Split, v: Value) -> Value:
@@ -178,7 +167,7 @@ def _choose_sqrt(split: _Split) -> Tuple[List[Value], List[Value], int, int]:
     cands: List[Tuple[Value, int, bool]] = []
     for v in split.crossing:
         node = v.node
-        if node.op.stateful or node.op.view or id(v) in split.leaflike:
+        if node.op.stateful or node.op.view:
             continue
         cands.append((v, estimated_bytes(v), split.pos[id(node)] in cuts))
     if not cands:

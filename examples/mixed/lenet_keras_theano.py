@@ -44,8 +44,8 @@ def load_data(seed: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
     return x_train.astype(np.float32) * scale, y_train, x_test.astype(np.float32) * scale, y_test
 
 
-def logits_of(images: "T.TensorVariable", head: "keras.layers.Layer", workspace: cgvm.Workspace,
-              seed: int) -> Tuple["T.TensorVariable", "caffe.SymbolicNet"]:
+def logits_of(images: "theano.TensorVariable", head: "keras.layers.Layer", workspace: cgvm.Workspace,
+              seed: int) -> Tuple["theano.TensorVariable", "caffe.SymbolicNet"]:
     """Caffe trunk up to ip1 on ``images``, then the Keras head: the class scores as a Theano variable."""
     trunk = caffe.symbolic_net(PROTOTXT, inputs={"data": images}, outputs=["ip1"], workspace=workspace, seed=seed)
     scores = head(trunk["ip1"])                  # a KerasTensor over a cgvm Value
@@ -88,6 +88,7 @@ def build(batch: int, test_size: int, lr: float, momentum: float, seed: int,
     # calling the same Keras layer again reuses its weights
     x_test = T.TensorType("float32", shape=(test_size,) + IMAGE_SHAPE)("x_test")
     test_scores, _ = logits_of(x_test, head, workspace, seed)
+    # the logit scale is positive, so the unscaled scores have the same argmax
     classify = theano.function([x_test], T.argmax(test_scores, axis=1), workspace=workspace, name="classify")
     return {"train_step": train_step, "classify": classify}
 
