@@ -188,9 +188,16 @@ relu_grad = defop("relu_grad", num_inputs=2, pattern=ELEMWISE, infer=lambda type
                   doc="g where x > 0, else negative_slope * g (the gradient of relu, linear in g).")
 
 
-@relu_grad.kernel
-def _(xp, g, x, *, negative_slope, out=None):
-    return _assign(xp, out, xp.where(x > 0, g, g * xp.asarray(negative_slope, g.dtype)))
+@relu_grad.kernel_factory
+def _(xp, negative_slope):
+    if negative_slope == 0.0:
+        def relu0_grad(g, x, out=None):  # one masked multiply: no where, no temporary for g * 0
+            return xp.multiply(g, x > 0, out=out)
+        return relu0_grad
+
+    def leaky_grad(g, x, out=None):
+        return _assign(xp, out, xp.where(x > 0, g, g * xp.asarray(negative_slope, g.dtype)))
+    return leaky_grad
 
 
 @relu_grad.grad

@@ -332,18 +332,20 @@ def test_against_torch(cfg, count_include_pad):
         np.testing.assert_allclose(mine, theirs.detach().numpy(), rtol=1e-9, atol=1e-9)
 
 
-def test_tiled_max_pool_gradient_goes_to_the_first_maximum():
-    """2x2/2 pooling takes the tiled fast path; ties (ReLU zeros) must still go to the first maximum."""
+@pytest.mark.parametrize("size, ceil_mode", [((4, 6), True), ((5, 7), False)])
+def test_tiled_max_pool_gradient_goes_to_the_first_maximum(size, ceil_mode):
+    """2x2/2 pooling takes the tiled fast path (floor mode: the tiled part of an odd-sized input);
+    ties (ReLU zeros) must still go to the first maximum, and untiled rows get no gradient."""
     import cgvm
     from cgvm.ir import TensorType, input_value
     from cgvm.ops import pool as P
 
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((2, 3, 4, 6)).astype(np.float32)
+    x = rng.standard_normal((2, 3) + size).astype(np.float32)
     x[x < 0.3] = 0.0                      # many tied zeros
-    g = rng.standard_normal((2, 3, 2, 3)).astype(np.float32)
+    g = rng.standard_normal((2, 3, size[0] // 2, size[1] // 2)).astype(np.float32)
     xs, gs = input_value(TensorType(x.shape), "x"), input_value(TensorType(g.shape), "g")
-    got = cgvm.compile([xs, gs], P.max_pool_grad(xs, gs, kernel=(2,), ceil_mode=True))(x, g)
+    got = cgvm.compile([xs, gs], P.max_pool_grad(xs, gs, kernel=(2,), ceil_mode=ceil_mode))(x, g)
     want = np.zeros_like(x)
     for n, c, i, j in np.ndindex(*g.shape):
         window = x[n, c, 2 * i:2 * i + 2, 2 * j:2 * j + 2]
