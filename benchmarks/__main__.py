@@ -24,6 +24,11 @@ def main(argv=None) -> int:
         print(f"done: {r.name}", file=sys.stderr)
     print(f"Machine: {machine()}\n")
     print(table(done))
+    from . import memory
+
+    memory_table = memory.report(quick=args.quick, only=args.only)
+    if memory_table:
+        print("\n" + memory_table)
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import Callable, Iterable, List, NamedTuple, Optional, Sequence, Tex
 from ..ir.graph import Graph, verify
 from .cse import eliminate_common_subexpressions
 from .fold import fold_constants
+from .layout import sink_transposes
 from .loops import hoist_loop_invariants, prune_loop_outputs
 from .prune import prune
 from .schedule import schedule_for_memory
@@ -27,6 +28,7 @@ PIPELINE: List[Pass] = [
     Pass("prune", prune, (), "keep only what the requested outputs need"),
     Pass("fold", fold_constants, ("prune",), "evaluate nodes whose inputs are all constants"),
     Pass("cse", eliminate_common_subexpressions, ("fold",), "compute identical nodes once"),
+    Pass("layout", sink_transposes, ("cse",), "sink transposes through elementwise ops; cancel inverse pairs"),
     Pass("loop_outputs", prune_loop_outputs, ("prune",), "drop loop outputs and stacks nobody reads"),
     Pass("hoist", hoist_loop_invariants, ("cse",), "move loop-invariant work out of scan bodies"),
     # keep last: passes that rebuild the graph from its outputs restore the depth-first order

@@ -26,6 +26,7 @@ applied in place there. The fusion passes run after autodiff, so these ops carry
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -205,10 +206,9 @@ def numpy_fused_kernel(program: Program, dtype_name: str, shape_from_first: bool
         for name, operands in program:
             args = [_py_literal(r) if is_literal(r) else ("a" if r == ACC else f"v{r}") for r in operands]
             lines.append(f"      a = {_PY_EXPR[name].format(*args)}")
+        ndim = "x0.ndim" if n == 1 else f"max({', '.join(x + '.ndim' for x in xs)})"
         lines += ["    except _errors:", "      pass", "    else:", "      if out is None:",
-                  "        out = _empty(_ones[" + (xs[0] if n == 1 else f"max({', '.join(x + '.ndim' for x in xs)})")
-                  + (".ndim]" if n == 1 else "]") + ", _D)",
-                  "      out.fill(a)", "      return out"]
+                  f"        out = _empty(_ones[{ndim}], _D)", "      out.fill(a)", "      return out"]
 
     def call(step: Step, target: Optional[str]) -> str:
         name, operands = step
@@ -257,6 +257,8 @@ def _generic_fused_kernel(xp: Any, program: Program, dtype: DType) -> Callable:
 def cuda_operation(program: Program, dtype_name: str) -> Optional[str]:
     """The body of an ElementwiseKernel computing ``program`` into ``y`` (None: a step has no CUDA form)."""
     dtype = DType(dtype_name)
+    if dtype.name == "float16":  # CuPy's half type lacks the math overloads: use the ufunc path
+        return None
     ctype = _CTYPES[dtype.name]
     lines = [f"{ctype} acc;"]
     for name, operands in program:
@@ -293,7 +295,8 @@ def _cupy_elementwise_kernel(program: Program, dtype_name: str) -> Optional[Any]
         return None
     n = program_inputs(program)
     params = ", ".join(f"T{k} x{k}" for k in range(n))
-    name = f"cgvm_fused_{abs(hash((program, dtype_name))) & 0xFFFFFFFF:08x}"
+    # a name stable across processes, so CuPy's on-disk kernel cache finds it again
+    name = "cgvm_fused_" + hashlib.sha1(repr((program, dtype_name)).encode()).hexdigest()[:16]
     return cupy.ElementwiseKernel(params, f"{dtype_name} y", body, name)
 
 
@@ -389,7 +392,3 @@ def _(xp, x, w, b=None, *, act, stride, pad, dilation, groups, out=None):
     y = cv.conv_forward(xp, x, w, b, cv.ConvGeometry(x.ndim - 2, stride, pad, dilation, groups), out)
     return apply_activation(xp, act, y)
 
-
-def epilogue_ops() -> List[str]:
-    """Names of the ops here, for tools that list what fusion produces."""
-    return [fused_elementwise.name, gemm_bias_act.name, conv_bias_act.name]
