@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .compiler import generate, infer_slot_types, plan_memory, run_passes
-from .compiler.recompute import plan_recompute
+from .compiler.recompute import optimize_and_recompute
 from .errors import InputError
 from .ir.graph import PARAM, Graph, Value
 from .vm.bytecode import dis
@@ -78,11 +78,12 @@ class Function:
         self.n_outputs = len(outs)
         graph = Graph(list(inputs), outs + upd_values, name=name)
         self.source_graph = graph
-        self.graph = run_passes(graph, passes=passes, debug=debug, print_after=print_after)
-        # recomputation (sublinear training memory) runs after CSE, which would merge its duplicates back
-        self.recompute_plan = plan_recompute(self.graph, recompute) if recompute is not None else None
-        if self.recompute_plan is not None:
-            self.graph = self.recompute_plan.graph
+        def optimize(g: Graph) -> Graph:
+            return run_passes(g, passes=passes, debug=debug, print_after=print_after)
+
+        # recomputation (sublinear training memory) runs after the passes: CSE would merge its duplicates back
+        self.recompute_plan = None if recompute is None else optimize_and_recompute(graph, recompute, optimize)
+        self.graph = optimize(graph) if recompute is None else self.recompute_plan.graph
         self.program = generate(self.graph)
         self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
         self.executable = Executable(self.program, self.workspace, planner=self.runtime.planner,

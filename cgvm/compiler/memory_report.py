@@ -29,7 +29,7 @@ from ..vm.bytecode import CALL, FREE, Program
 from .codegen import generate
 from .memory import MemoryPlan, infer_slot_types, plan_memory
 from .passes import run_passes
-from .recompute import plan_recompute
+from .recompute import optimize_and_recompute
 
 Shapes = Union[None, Mapping[str, Sequence[int]], Sequence[Sequence[int]]]
 
@@ -46,9 +46,8 @@ def memory_report(target: Any, shapes: Shapes = None, *, recompute: Any = None, 
     """
     if isinstance(target, Graph):
         graph = training_graph(target) if train else target
-        graph = run_passes(graph)
-        rplan = plan_recompute(graph, recompute) if recompute is not None else None
-        final = rplan.graph if rplan is not None else graph
+        rplan = optimize_and_recompute(graph, recompute, run_passes) if recompute is not None else None
+        final = rplan.graph if rplan is not None else run_passes(graph)
         program = generate(final)
         params = {p.name: p.type for p in final.params}
     elif hasattr(target, "program") and hasattr(target, "graph"):

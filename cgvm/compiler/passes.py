@@ -11,10 +11,12 @@ from typing import Callable, Iterable, List, NamedTuple, Optional, Sequence, Tex
 from ..ir.graph import Graph, verify
 from .cse import eliminate_common_subexpressions
 from .fold import fold_constants
+from .fuse import fuse_elementwise, fuse_epilogues
 from .layout import sink_transposes
 from .loops import hoist_loop_invariants, prune_loop_outputs
 from .prune import prune
 from .schedule import schedule_for_memory
+from .simplify import simplify
 
 
 class Pass(NamedTuple):
@@ -31,6 +33,12 @@ PIPELINE: List[Pass] = [
     Pass("layout", sink_transposes, ("cse",), "sink transposes through elementwise ops; cancel inverse pairs"),
     Pass("loop_outputs", prune_loop_outputs, ("prune",), "drop loop outputs and stacks nobody reads"),
     Pass("hoist", hoist_loop_invariants, ("cse",), "move loop-invariant work out of scan bodies"),
+    Pass("simplify", simplify, ("cse",), "algebraic identities, stable log-softmax/cross-entropy forms; batch norm, "
+                                         "scale and bias folded into the preceding conv"),
+    Pass("epilogues", fuse_epilogues, ("simplify",), "matmul + bias (+ activation) as gemm_bias_act, "
+                                                     "conv + activation as conv_bias_act"),
+    Pass("fuse", fuse_elementwise, ("epilogues",), "chains of elementwise ops as one fused_elementwise kernel "
+                                                  "running in one buffer"),
     # keep last: passes that rebuild the graph from its outputs restore the depth-first order
     Pass("schedule", schedule_for_memory, ("prune",), "order the backward pass so that values die early"),
 ]

@@ -27,7 +27,7 @@ CSE would merge them back (``Function`` applies it after the whole pipeline). St
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import InputError
 from ..ir.builder import apply
@@ -67,6 +67,31 @@ class RecomputePlan:
 def recompute(graph: Graph, strategy: Strategy = "sqrt", *, seeds: Optional[Iterable[Value]] = None) -> Graph:
     """``graph`` with dropped forward activations recomputed in backward (see the module docstring)."""
     return plan_recompute(graph, strategy, seeds=seeds).graph
+
+
+def optimize_and_recompute(graph: Graph, strategy: Strategy, optimize: Callable[[Graph], Graph]) -> RecomputePlan:
+    """Run ``optimize`` (the pass pipeline) on ``graph``, then recomputation on the result.
+
+    Values to drop, named in the source graph, ride through the passes as extra outputs: passes
+    that merge, fuse or rebuild nodes then say which value of the optimized graph each became,
+    and none of them is fused away. The extra outputs are removed again afterwards.
+    """
+    if isinstance(strategy, str):
+        return plan_recompute(optimize(graph), strategy)
+    anchors = list(strategy)
+    n = len(graph.outputs)
+    optimized = optimize(Graph(graph.inputs, list(graph.outputs) + anchors, name=graph.name))
+    found = list(optimized.outputs[n:])
+    needed: Set[int] = set()
+    stack = [v.node for v in optimized.outputs[:n] if v.node is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) not in needed:
+            needed.add(id(node))
+            stack.extend(v.node for v in node.inputs if v.node is not None)
+    trimmed = Graph(optimized.inputs, optimized.outputs[:n], nodes=[m for m in optimized.nodes if id(m) in needed],
+                    name=optimized.name)
+    return plan_recompute(trimmed, found)
 
 
 def plan_recompute(graph: Graph, strategy: Strategy = "sqrt", *,

@@ -180,7 +180,9 @@ def _(xp, negative_slope):
 
 @relu.grad
 def _(node, g):
-    return [relu_grad(g, node.inputs[0], negative_slope=node.attrs["negative_slope"])]
+    # for slope >= 0, y > 0 exactly where x > 0: reading the output lets relu run in place in training
+    slope = node.attrs["negative_slope"]
+    return [relu_grad(g, node.outputs[0] if slope >= 0 else node.inputs[0], negative_slope=slope)]
 
 
 relu_grad = defop("relu_grad", num_inputs=2, pattern=ELEMWISE, infer=lambda types, negative_slope: types[0],

@@ -127,9 +127,8 @@ def program_inputs(program: Program) -> int:
                 if i == 0:
                     raise ValueError("the first step of a fused program has no accumulator to read")
             elif is_literal(r):
-                if len(r) != 3 or r[0] != LIT:
-                    raise ValueError(f"step {i}: bad literal {r!r}; write it as ('lit', value, dtype)")
-                DType(r[2])
+                if len(r) != 3 or r[0] != LIT or r[2] not in _CTYPES:
+                    raise ValueError(f"step {i}: bad literal {r!r}; write it as ('lit', value, dtype name)")
             elif isinstance(r, int) and not isinstance(r, bool) and r >= 0:
                 used.add(r)
             else:

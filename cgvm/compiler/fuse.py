@@ -1,0 +1,362 @@
+"""Fusion: elementwise chains become one ``fused_elementwise`` node; GEMM/conv + bias + activation one op.
+
+Elementwise chains (NNVM's kElemWise/kBroadcast grouping). Walking the graph from its end, each
+fusible node not yet taken roots a chain; the chain grows upward through one producer at a time
+(the "spine") while that producer is fusible, has the root's dtype and static shape, is read by
+the chain alone and is not a graph output. A node read twice is materialized, as in NNVM, so no
+work is ever duplicated. The chain's other operands become the fused node's inputs; 0-d
+constants become literals in its program. Because each step reads the previous step's result
+and at most leaf inputs, the chain runs in one buffer (see ``cgvm.ops.fused``). Runs of
+multiplications and additions by literals are folded to one multiply and one add (fast-math
+style reassociation, float only; see ``_fold_affine`` for when it is refused).
+
+Epilogues (NNVM's kOutEWiseFusable master + elementwise): ``add(matmul(a, b), bias)`` and a
+following relu/tanh/sigmoid become ``gemm_bias_act``; ``gemm(a, b, c)`` + activation too; and
+``conv`` + activation becomes ``conv_bias_act`` (a bias add after a conv is folded into the
+conv's own bias earlier, by ``simplify``). The master's output must have no other reader.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..ir.builder import apply
+from ..ir.graph import CONST, Graph, Node, Value
+from ..ir.types import DType
+from ..ops import fused as F
+from ..ops.registry import BROADCAST, ELEMWISE
+from ..ops.rules import broadcast_shapes
+from .rewrite import rewrite
+
+Steps = List[Tuple[str, tuple]]   # operands: node input positions, F.ACC or literals
+
+
+# --------------------------------------------------------------------------- lowering ops to ufunc steps
+
+def lower(node: Node) -> Optional[Steps]:
+    """The node as ufunc steps over its input positions (None: not fusible).
+
+    Only a lowering's first step reads the node's inputs; later steps read ``acc``, so the
+    lowering is correct when its input is the chain's accumulator.
+    """
+    op = node.op
+    if len(node.outputs) != 1 or op.pattern not in (ELEMWISE, BROADCAST) or op.stateful:
+        return None
+    dtype = node.outputs[0].dtype
+    if op.ufunc in F.UFUNC_ARITY and not node.attrs and F.UFUNC_ARITY[op.ufunc] == len(node.inputs):
+        return [(op.ufunc, tuple(range(len(node.inputs))))]
+    name = op.name
+    if name == "relu" and node.attrs["negative_slope"] == 0.0 and not dtype.is_bool:
+        return [("maximum", (0, F.lit(0, dtype)))]
+    if not dtype.is_float or not node.inputs[0].dtype.is_float:
+        return None
+    if name == "sigmoid":  # as its kernel computes it: 0.5 tanh(x / 2) + 0.5
+        half = F.lit(0.5, dtype)
+        return [("multiply", (0, half)), ("tanh", (F.ACC,)), ("multiply", (F.ACC, half)), ("add", (F.ACC, half))]
+    if name == "rsqrt":
+        return [("sqrt", (0,)), ("reciprocal", (F.ACC,))]
+    if name == "clip" and len(node.inputs) == 1:
+        lo, hi = node.attrs["lo"], node.attrs["hi"]
+        steps: Steps = []
+        if lo is not None:
+            steps.append(("maximum", (0, F.lit(lo, dtype))))
+        if hi is not None:
+            steps.append(("minimum", (F.ACC if steps else 0, F.lit(hi, dtype))))
+        return steps or None
+    return None
+
+
+# --------------------------------------------------------------------------- chain discovery
+
+def _find_chains(graph: Graph) -> List[Tuple[List[Node], Dict[int, Optional[Steps]]]]:
+    """Maximal spines (first node ... root) with the nodes' lowerings, found from the graph's end;
+    every node is in at most one."""
+    consumers = graph.consumers()
+    outputs = {id(v) for v in graph.outputs}
+    lowered: Dict[int, Optional[Steps]] = {}
+
+    def steps_of(n: Node) -> Optional[Steps]:
+        key = id(n)
+        if key not in lowered:
+            lowered[key] = lower(n)
+        return lowered[key]
+
+    taken: set = set()
+    chains = []
+    for root in reversed(graph.nodes):
+        if id(root) in taken or steps_of(root) is None:
+            continue
+        out = root.outputs[0]
+        chain = [root]
+        cur = root
+        while True:
+            nxt = None
+            for v in cur.inputs:
+                p = v.node
+                if (p is None or id(p) in taken or id(v) in outputs or v.dtype is not out.dtype
+                        or v.shape != out.shape or any(u is not cur for u in consumers.get(id(v), ()))
+                        or steps_of(p) is None):
+                    continue
+                nxt = p
+                break
+            if nxt is None:
+                break
+            chain.append(nxt)
+            taken.add(id(nxt))
+            cur = nxt
+        taken.add(id(root))
+        if len(chain) > 1:
+            chain.reverse()
+            chains.append((chain, lowered))
+    return chains
+
+
+# --------------------------------------------------------------------------- programs
+
+def _inlinable(v: Value, node: Node) -> bool:
+    """A one-element constant that does not set the rank of ``node``'s result becomes a literal."""
+    if v.kind != CONST or v.data.size != 1:
+        return False
+    return v.ndim == 0 or any(u.kind != CONST and u.ndim >= v.ndim for u in node.inputs)
+
+
+def _build_program(chain: Sequence[Node], lowered: Dict[int, Optional[Steps]]) -> Tuple[list, List[Value]]:
+    """(steps over value operands, leaf values): operands are Values, F.ACC or literals."""
+    steps = []
+    for i, node in enumerate(chain):
+        spine = chain[i - 1].outputs[0] if i else None
+        for name, operands in lowered[id(node)]:
+            ops = []
+            for r in operands:
+                if r == F.ACC or F.is_literal(r):
+                    ops.append(r)
+                    continue
+                v = node.inputs[r]
+                if v is spine:
+                    ops.append(F.ACC)
+                elif _inlinable(v, node):
+                    ops.append((F.LIT, v.data.item(), v.dtype.name))
+                else:
+                    ops.append(v)
+            steps.append((name, ops))
+    return steps
+
+
+def _first_exclusive(steps: list) -> Optional[Value]:
+    """A value the first step reads that no later step reads (it may share the output buffer)."""
+    later = {id(r) for _, ops in steps[1:] for r in ops if isinstance(r, Value)}
+    return next((r for r in steps[0][1] if isinstance(r, Value) and id(r) not in later), None)
+
+
+def _provably_within(inner: Sequence, outer: Sequence) -> bool:
+    """Whether a shape ``inner`` surely broadcasts into ``outer`` without growing it."""
+    return len(inner) <= len(outer) and all(a == 1 or (a is not None and a == b)
+                                            for a, b in zip(inner[::-1], outer[::-1]))
+
+
+def _shape_from_first(steps: list, out_shape: Sequence) -> bool:
+    """Whether the first step's result surely has the output's shape (then it allocates the output)."""
+    if not out_shape:
+        return False
+    first = [r.shape for r in steps[0][1] if isinstance(r, Value)]
+    if not first:
+        return False
+    shape = broadcast_shapes(*first)
+    if len(shape) != len(out_shape):
+        return False
+    return all(_provably_within(r.shape, shape) for _, ops in steps[1:] for r in ops if isinstance(r, Value))
+
+
+# --------------------------------------------------------------------------- folding multiply/add runs
+
+_AFFINE = ("add", "subtract", "multiply", "divide")
+_FLOATS = ("float16", "float32", "float64")
+
+
+def _affine_of(name: str, ops: list) -> Optional[Tuple[float, float]]:
+    """(m, c) if the step is acc -> m * acc + c with literal m, c; else None."""
+    if len(ops) == 1:
+        return (-1.0, 0.0) if name == "negative" and ops[0] == F.ACC else None
+    if name not in _AFFINE or len(ops) != 2:
+        return None
+    acc_first = ops[0] == F.ACC
+    k = ops[1] if acc_first else ops[0]
+    if not (acc_first or ops[1] == F.ACC) or not isinstance(k, tuple) or k[2] not in _FLOATS:
+        return None
+    k = float(k[1])
+    if name == "add":
+        return (1.0, k)
+    if name == "subtract":
+        return (1.0, -k) if acc_first else (-1.0, k)
+    if name == "multiply":
+        return (k, 0.0)
+    if name == "divide" and acc_first and k != 0.0:
+        return (1.0 / k, 0.0)
+    return None
+
+
+def _fold_affine(steps: list, dtype: DType) -> list:
+    """Runs of acc*m + c steps (literal m, c) become one multiply and one add.
+
+    Reassociation changes rounding (a few ulps, as fused hardware kernels do). It is refused
+    where it would change more than that: when summing the constants cancels (so
+    ``(x + 2**23) - 2**23``, the round-to-integer trick, keeps its meaning), and for
+    non-finite or zero multipliers.
+    """
+    if not dtype.is_float:
+        return steps
+    out: list = []
+    i = 0
+    while i < len(steps):
+        run = []
+        j = i
+        while j < len(steps):
+            affine = _affine_of(*steps[j])
+            if affine is None:
+                break
+            run.append(affine)
+            j += 1
+        if not run:
+            out.append(steps[i])
+            i += 1
+            continue
+        folded = _compose(run)
+        if folded is not None and (folded[0] != 1.0) + (folded[1] != 0.0) < len(run):
+            m, c = folded
+            if m != 1.0:
+                out.append(("multiply", [F.ACC, F.lit(m, dtype)]))
+            if c != 0.0:
+                out.append(("add", [F.ACC, F.lit(c, dtype)]))
+        else:
+            out.extend(steps[i:j])
+        i = j
+    return out
+
+
+def _compose(run: Sequence[Tuple[float, float]]) -> Optional[Tuple[float, float]]:
+    m, c = 1.0, 0.0
+    for mk, ck in run:
+        if mk == 0.0 or not math.isfinite(mk) or not math.isfinite(ck):
+            return None
+        m, c = m * mk, c * mk
+        total = c + ck
+        if abs(total) < 0.5 * max(abs(c), abs(ck)):  # the constants cancel: keep the steps as written
+            return None
+        c = total
+    return (m, c) if math.isfinite(m) and math.isfinite(c) else None
+
+
+# --------------------------------------------------------------------------- the passes
+
+def _fused_node(chain: Sequence[Node], lowered, mapped: Dict[int, Value]) -> Optional[Value]:
+    """The fused node for ``chain`` over the rewritten graph's values, or None if it is not worth one."""
+    while len(chain) > 1:
+        steps = _build_program(chain, lowered)
+        first = _first_exclusive(steps)
+        if first is not None:
+            break
+        chain = chain[1:]  # no input of the first node may die in the output buffer: leave that node out
+    else:
+        return None
+    root = chain[-1]
+    out = root.outputs[0]
+    steps = _fold_affine(steps, out.dtype)
+    order: List[Value] = [first]
+    index = {id(first): 0}
+    for _, ops in steps:
+        for r in ops:
+            if isinstance(r, Value) and id(r) not in index:
+                index[id(r)] = len(order)
+                order.append(r)
+    program = tuple((name, tuple(index[id(r)] if isinstance(r, Value) else r for r in ops)) for name, ops in steps)
+    attrs = {"program": program, "dtype": out.dtype, "shape_from_first": _shape_from_first(steps, out.shape)}
+    return apply(F.fused_elementwise, [mapped.get(id(v), v) for v in order], attrs, name=root.name,
+                 source=root.source)
+
+
+def fuse_elementwise(graph: Graph) -> Graph:
+    """Replace each chain of two or more fusible elementwise nodes by one fused_elementwise node."""
+    chains = _find_chains(graph)
+    if not chains:
+        return graph
+    root_chain = {id(chain[-1]): (chain, lowered) for chain, lowered in chains}
+    mapped: Dict[int, Value] = {}
+
+    def rule(node, inputs):
+        for old, new in zip(node.inputs, inputs):
+            if old is not new:
+                mapped[id(old)] = new
+        hit = root_chain.get(id(node))
+        if hit is None:
+            return None
+        fused = _fused_node(hit[0], hit[1], mapped)
+        return None if fused is None else [fused]
+
+    return rewrite(graph, rule)
+
+
+_ACTIVATIONS = {"tanh": "tanh", "sigmoid": "sigmoid", "relu": "relu"}
+_MASTERS = ("matmul", "gemm", "conv")   # ops whose output an epilogue can finish
+
+
+def _activation(node: Node) -> Optional[str]:
+    name = node.op.name
+    if name == "relu" and node.attrs["negative_slope"] != 0.0:
+        return None
+    return _ACTIVATIONS.get(name)
+
+
+def fuse_epilogues(graph: Graph) -> Graph:
+    """matmul + bias (+ activation) -> gemm_bias_act; gemm + activation, conv + activation likewise."""
+    if not any(n.op.name in _MASTERS for n in graph.nodes):
+        return graph
+    counts = {k: len(v) for k, v in graph.consumers().items()}
+    outputs = {id(v) for v in graph.outputs}
+    origin: Dict[int, int] = {}   # id(new value) -> id(the original value it stands for)
+
+    def sole_reader(v: Value) -> bool:
+        key = origin.get(id(v), id(v))
+        return key not in outputs and counts.get(key, 0) == 1 and v.node is not None
+
+    def rule(node, inputs):
+        for old, new in zip(node.inputs, inputs):
+            if old is not new:
+                origin[id(new)] = origin.get(id(old), id(old))
+        repl = _epilogue(node, inputs, sole_reader)
+        if repl is None:
+            return None
+        origin[id(repl)] = id(node.outputs[0])
+        return [repl]
+
+    return rewrite(graph, rule)
+
+
+def _epilogue(node: Node, inputs: Sequence[Value], sole_reader) -> Optional[Value]:
+    name = node.op.name
+    out = node.outputs[0] if len(node.outputs) == 1 else None
+    if out is None:
+        return None
+    if name == "add" and len(inputs) == 2:
+        for mm, bias in ((inputs[0], inputs[1]), (inputs[1], inputs[0])):
+            p = mm.node
+            if (p is not None and p.op.name == "matmul" and sole_reader(mm) and mm.ndim >= 1
+                    and out.dtype is mm.dtype and out.shape == mm.shape and _provably_within(bias.shape, mm.shape)):
+                return apply(F.gemm_bias_act, list(p.inputs) + [bias], {"act": "none"}, name=node.name,
+                             source=node.source)
+        return None
+    act = _activation(node)
+    if act is None:
+        return None
+    x = inputs[0]
+    p = x.node
+    if p is None or not sole_reader(x) or x.dtype is not out.dtype:
+        return None
+    if p.op.name == "gemm_bias_act" and p.attrs["act"] == "none":
+        return apply(F.gemm_bias_act, p.inputs, dict(p.attrs, act=act), name=node.name, source=node.source)
+    if (p.op.name == "gemm" and len(p.inputs) == 3 and p.attrs["alpha"] == 1.0 and p.attrs["beta"] == 1.0
+            and _provably_within(p.inputs[2].shape, x.shape) and p.inputs[2].dtype is x.dtype):
+        return apply(F.gemm_bias_act, p.inputs, {"act": act, "trans_a": p.attrs["trans_a"],
+                                                 "trans_b": p.attrs["trans_b"]}, name=node.name, source=node.source)
+    if p.op.name == "conv":
+        return apply(F.conv_bias_act, p.inputs, dict(p.attrs, act=act), name=node.name, source=node.source)
+    return None
