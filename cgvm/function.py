@@ -14,6 +14,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .compiler import generate, infer_slot_types, plan_memory, run_passes
+from .compiler.specialize import specialize
 from .compiler.recompute import optimize_and_recompute
 from .errors import InputError
 from .ir.graph import PARAM, Graph, Value
@@ -42,7 +43,7 @@ class SubgraphRuntime:
         if hit is not None and hit[0] is graph:
             return hit[1]
         program = generate(run_passes(graph, debug=self.debug))
-        exe = Executable(program, self.workspace, planner=self.planner, infer=infer_slot_types, runtime=self,
+        exe = Executable(program, self.workspace, planner=self.planner, infer=infer_slot_types, specialize=specialize, runtime=self,
                          engine=self.engine)
         self._cache[id(graph)] = (graph, exe)
         return exe
@@ -87,7 +88,7 @@ class Function:
         self.program = generate(self.graph)
         self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
         self.executable = Executable(self.program, self.workspace, planner=self.runtime.planner,
-                                     infer=infer_slot_types, runtime=self.runtime, engine=engine)
+                                     infer=infer_slot_types, specialize=specialize, runtime=self.runtime, engine=engine)
         self._asarray = self.workspace.backend.asarray
         self._array_type = self.workspace.backend.xp.ndarray
         self._in_dtypes = [v.dtype.np for v in graph.inputs]

@@ -1,10 +1,26 @@
 """Codegen: a graph in topological order becomes a Program over integer slots, with FREEs after last uses."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Sequence, Set
 
 from ..ir.graph import CONST, PARAM, Graph, Value
 from ..vm.bytecode import CALL, FREE, RET, Instr, Program
+
+
+def with_frees(calls: Sequence[Instr], keep: Set[int]) -> List[Instr]:
+    """CALLs with a FREE after each value's last use (and right after results nobody reads)."""
+    last_use: Dict[int, int] = {}
+    for i, ins in enumerate(calls):
+        for a in ins.args:
+            last_use[a] = i
+    out: List[Instr] = []
+    for i, ins in enumerate(calls):
+        out.append(ins)
+        dead = sorted({a for a in ins.args if last_use[a] == i and a not in keep})
+        dead += [r for r in ins.results if r not in last_use and r not in keep]
+        if dead:
+            out.append(Instr(FREE, -1, tuple(dead), ()))
+    return out
 
 
 def generate(graph: Graph) -> Program:
@@ -31,24 +47,12 @@ def generate(graph: Graph) -> Program:
         if v.kind == CONST and id(v) not in slot_of:
             const_slots.append((slot(v, "const"), v.data))
 
-    last_use: Dict[int, int] = {}
-    for i, node in enumerate(graph.nodes):
-        for v in node.inputs:
-            last_use[id(v)] = i
-    keep = {id(v) for v in graph.outputs}
-    keep.update(id(v) for v in graph.inputs)
-    keep.update(id(v) for v in graph.leaves() if v.kind in (PARAM, CONST))
-
-    instrs: List[Instr] = []
-    for i, node in enumerate(graph.nodes):
-        args = tuple(slot_of[id(v)] for v in node.inputs)
-        results = tuple(slot(o, node.name or node.op.name) for o in node.outputs)
-        instrs.append(Instr(CALL, i, args, results))
-        dead = sorted({slot_of[id(v)] for v in node.inputs if last_use[id(v)] == i and id(v) not in keep})
-        dead += [slot_of[id(o)] for o in node.outputs if id(o) not in last_use and id(o) not in keep]
-        if dead:
-            instrs.append(Instr(FREE, -1, tuple(dead), ()))
+    calls = [Instr(CALL, i, tuple(slot_of[id(v)] for v in node.inputs),
+                   tuple(slot(o, node.name or node.op.name) for o in node.outputs))
+             for i, node in enumerate(graph.nodes)]
     output_slots = tuple(slot_of[id(v)] for v in graph.outputs)
+    keep = set(output_slots) | set(input_slots) | {s for _, s in param_slots} | {s for s, _ in const_slots}
+    instrs = with_frees(calls, keep)
     instrs.append(Instr(RET, -1, output_slots, ()))
     return Program(instrs, graph.nodes, names, types, input_slots, param_slots, const_slots, output_slots,
                    name=graph.name)

@@ -18,7 +18,7 @@ conv's own bias earlier, by ``simplify``). The master's output must have no othe
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..ir.builder import apply
 from ..ir.graph import CONST, Graph, Node, Value
@@ -72,7 +72,7 @@ def _find_chains(graph: Graph) -> List[Tuple[List[Node], Dict[int, Optional[Step
     """Maximal spines (first node ... root) with the nodes' lowerings, found from the graph's end;
     every node is in at most one."""
     consumers = graph.consumers()
-    outputs = {id(v) for v in graph.outputs}
+    leaves = {id(v) for v in graph.outputs} | {id(v) for v in graph.inputs}   # values that must stay values
     lowered: Dict[int, Optional[Steps]] = {}
 
     def steps_of(n: Node) -> Optional[Steps]:
@@ -93,7 +93,7 @@ def _find_chains(graph: Graph) -> List[Tuple[List[Node], Dict[int, Optional[Step
             nxt = None
             for v in cur.inputs:
                 p = v.node
-                if (p is None or id(p) in taken or id(v) in outputs or v.dtype is not out.dtype
+                if (p is None or id(p) in taken or id(v) in leaves or v.dtype is not out.dtype
                         or v.shape != out.shape or any(u is not cur for u in consumers.get(id(v), ()))
                         or steps_of(p) is None):
                     continue
@@ -295,68 +295,116 @@ def fuse_elementwise(graph: Graph) -> Graph:
     return rewrite(graph, rule)
 
 
-_ACTIVATIONS = {"tanh": "tanh", "sigmoid": "sigmoid", "relu": "relu"}
+_ACTIVATIONS = ("relu", "tanh", "sigmoid")
 _MASTERS = ("matmul", "gemm", "conv")   # ops whose output an epilogue can finish
+# (op, input position) pairs that read only the shape and dtype of that input: such a reader of a
+# fused intermediate can read the fused result instead (it has the same shape and dtype)
+_SHAPE_ONLY = {("sum_to_like", 1), ("reshape_like", 1), ("broadcast_like", 1), ("zeros_like", 0),
+               ("ones_like", 0), ("full_like", 0), ("shape_of", 0)}
 
 
 def _activation(node: Node) -> Optional[str]:
     name = node.op.name
-    if name == "relu" and node.attrs["negative_slope"] != 0.0:
+    if name not in _ACTIVATIONS or len(node.inputs) != 1:
         return None
-    return _ACTIVATIONS.get(name)
+    return None if name == "relu" and node.attrs["negative_slope"] != 0.0 else name
+
+
+class _Epilogue(NamedTuple):
+    master: Node            # matmul, gemm or conv
+    bias: Optional[Value]   # the bias added after a matmul
+    act: str                # "none" or the activation applied last
+    last: Node              # the node whose output the fused op replaces
+    inner: Tuple[Value, ...]  # values the fused op swallows (same shape and dtype as its result)
+
+
+def _plan_epilogues(graph: Graph) -> List[_Epilogue]:
+    """Master + bias + activation groups whose intermediates nobody else reads (shape-only readers
+    that run after the group may read the fused result instead)."""
+    order = {id(n): i for i, n in enumerate(graph.nodes)}
+    leaves = {id(v) for v in graph.inputs} | {id(v) for v in graph.outputs}
+    readers: Dict[int, List[Tuple[Node, int]]] = {}
+    for n in graph.nodes:
+        for k, v in enumerate(n.inputs):
+            readers.setdefault(id(v), []).append((n, k))
+
+    def next_reader(v: Value) -> Optional[Node]:
+        """The one reader of ``v`` that needs its values, if ``v`` is a swallowable intermediate."""
+        if id(v) in leaves:
+            return None
+        real = [n for n, k in readers.get(id(v), ()) if (n.op.name, k) not in _SHAPE_ONLY]
+        return real[0] if len(real) == 1 and real[0].inputs.count(v) == 1 else None
+
+    def shape_readers_after(values: Sequence[Value], last: Node) -> bool:
+        return all(order[id(n)] > order[id(last)] for v in values for n, k in readers.get(id(v), ())
+                   if (n.op.name, k) in _SHAPE_ONLY)
+
+    groups = []
+    for master in graph.nodes:
+        if master.op.name not in _MASTERS or len(master.outputs) != 1:
+            continue
+        y = master.outputs[0]
+        inner: List[Value] = []
+        bias = None
+        last = master
+        reader = next_reader(y)
+        if master.op.name == "matmul":
+            if reader is None or reader.op.name != "add" or y.ndim == 0:
+                continue
+            bias = reader.inputs[1] if reader.inputs[0] is y else reader.inputs[0]
+            z = reader.outputs[0]
+            if z.dtype is not y.dtype or z.shape != y.shape or not _provably_within(bias.shape, y.shape):
+                continue
+            inner.append(y)
+            last, y = reader, z
+            reader = next_reader(y)
+        elif master.op.name == "gemm" and not (len(master.inputs) == 3 and master.attrs["alpha"] == 1.0
+                                               and master.attrs["beta"] == 1.0):
+            continue
+        act = "none"
+        if reader is not None and _activation(reader) is not None and reader.outputs[0].dtype is y.dtype:
+            act = _activation(reader)
+            inner.append(y)
+            last = reader
+        if last is master or not shape_readers_after(inner, last):
+            continue
+        groups.append(_Epilogue(master, bias, act, last, tuple(inner)))
+    return groups
+
+
+def _fused_epilogue(group: _Epilogue, mapped: Dict[int, Value]) -> Value:
+    master = group.master
+    args = [mapped.get(id(v), v) for v in master.inputs]
+    where = dict(name=group.last.name, source=group.last.source)
+    if master.op.name == "conv":
+        return apply(F.conv_bias_act, args, dict(master.attrs, act=group.act), **where)
+    if master.op.name == "gemm":
+        attrs = {"act": group.act, "trans_a": master.attrs["trans_a"], "trans_b": master.attrs["trans_b"]}
+        return apply(F.gemm_bias_act, args, attrs, **where)
+    return apply(F.gemm_bias_act, args + [mapped.get(id(group.bias), group.bias)], {"act": group.act}, **where)
 
 
 def fuse_epilogues(graph: Graph) -> Graph:
     """matmul + bias (+ activation) -> gemm_bias_act; gemm + activation, conv + activation likewise."""
     if not any(n.op.name in _MASTERS for n in graph.nodes):
         return graph
-    counts = {k: len(v) for k, v in graph.consumers().items()}
-    outputs = {id(v) for v in graph.outputs}
-    origin: Dict[int, int] = {}   # id(new value) -> id(the original value it stands for)
-
-    def sole_reader(v: Value) -> bool:
-        key = origin.get(id(v), id(v))
-        return key not in outputs and counts.get(key, 0) == 1 and v.node is not None
+    groups = {id(g.last): g for g in _plan_epilogues(graph)}
+    if not groups:
+        return graph
+    swallowed = {id(v): id(g.last) for g in groups.values() for v in g.inner}
+    mapped: Dict[int, Value] = {}
+    results: Dict[int, Value] = {}   # id(group's last node) -> the fused value
 
     def rule(node, inputs):
-        for old, new in zip(node.inputs, inputs):
+        for k, (old, new) in enumerate(zip(node.inputs, inputs)):
+            if id(old) in swallowed and (node.op.name, k) in _SHAPE_ONLY:
+                inputs[k] = new = results[swallowed[id(old)]]
             if old is not new:
-                origin[id(new)] = origin.get(id(old), id(old))
-        repl = _epilogue(node, inputs, sole_reader)
-        if repl is None:
+                mapped[id(old)] = new
+        group = groups.get(id(node))
+        if group is None:
             return None
-        origin[id(repl)] = id(node.outputs[0])
-        return [repl]
+        fused = results[id(node)] = _fused_epilogue(group, mapped)
+        return [fused]
 
     return rewrite(graph, rule)
-
-
-def _epilogue(node: Node, inputs: Sequence[Value], sole_reader) -> Optional[Value]:
-    name = node.op.name
-    out = node.outputs[0] if len(node.outputs) == 1 else None
-    if out is None:
-        return None
-    if name == "add" and len(inputs) == 2:
-        for mm, bias in ((inputs[0], inputs[1]), (inputs[1], inputs[0])):
-            p = mm.node
-            if (p is not None and p.op.name == "matmul" and sole_reader(mm) and mm.ndim >= 1
-                    and out.dtype is mm.dtype and out.shape == mm.shape and _provably_within(bias.shape, mm.shape)):
-                return apply(F.gemm_bias_act, list(p.inputs) + [bias], {"act": "none"}, name=node.name,
-                             source=node.source)
-        return None
-    act = _activation(node)
-    if act is None:
-        return None
-    x = inputs[0]
-    p = x.node
-    if p is None or not sole_reader(x) or x.dtype is not out.dtype:
-        return None
-    if p.op.name == "gemm_bias_act" and p.attrs["act"] == "none":
-        return apply(F.gemm_bias_act, p.inputs, dict(p.attrs, act=act), name=node.name, source=node.source)
-    if (p.op.name == "gemm" and len(p.inputs) == 3 and p.attrs["alpha"] == 1.0 and p.attrs["beta"] == 1.0
-            and _provably_within(p.inputs[2].shape, x.shape) and p.inputs[2].dtype is x.dtype):
-        return apply(F.gemm_bias_act, p.inputs, {"act": act, "trans_a": p.attrs["trans_a"],
-                                                 "trans_b": p.attrs["trans_b"]}, name=node.name, source=node.source)
-    if p.op.name == "conv":
-        return apply(F.conv_bias_act, p.inputs, dict(p.attrs, act=act), name=node.name, source=node.source)
-    return None

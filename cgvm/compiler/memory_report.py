@@ -96,7 +96,9 @@ def _report(program: Program, graph: Graph, shapes: Shapes, params: Mapping[str,
     for i, (v, s) in enumerate(zip(graph.inputs, program.input_slots)):
         shape = _input_shape(shapes, i, v.name, v.shape)
         if shape is None or any(d is None for d in shape):
-            raise ShapeError(f"input {v.name or i!r} has unknown dimensions {v.type!r}; give its shape")
+            label = v.name or f"input{i}"
+            raise ShapeError(f"input {label!r} has unknown dimensions {v.type!r}; give its shape (--shape "
+                             f"{label}=D0,D1,... on the command line, shapes={{{label!r}: (...)}} in Python)")
         known[s] = TensorType(tuple(shape), v.dtype)
     for name, s in program.param_slots:
         known[s] = params[name]

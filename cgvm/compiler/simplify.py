@@ -34,6 +34,7 @@ be handed its own array back).
 """
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
@@ -54,9 +55,19 @@ Rule = Callable[[Node, Sequence[Value]], Optional[Value]]
 
 # --------------------------------------------------------------------------- helpers
 
+# ids of the graph's inputs while a walk runs: a value fed from outside is a leaf, even when a
+# node computed it before the graph was cut there (prune's ``given``)
+_CUT: ContextVar[frozenset] = ContextVar("cgvm_simplify_cut", default=frozenset())
+
+
+def _made(v: Value) -> Optional[Node]:
+    """The node computing ``v`` inside this graph (None for inputs, parameters and constants)."""
+    return None if id(v) in _CUT.get() else v.node
+
+
 def _producer(v: Value, *names: str) -> Optional[Node]:
     """The node computing ``v`` if its op is one of ``names``."""
-    n = v.node
+    n = _made(v)
     return n if n is not None and n.op.name in names else None
 
 
@@ -93,7 +104,7 @@ _NON_NEGATIVE = {"exp", "sqrt", "square", "abs", "sigmoid", "softplus", "softmax
 
 
 def _non_negative(v: Value) -> bool:
-    n = v.node
+    n = _made(v)
     if n is None:
         return False
     if n.op.name == "relu":
@@ -148,7 +159,7 @@ def _exp(node, inputs):
 def _log(node, inputs):
     x = inputs[0]
     out = node.outputs[0]
-    inner = x.node
+    inner = _made(x)
     if inner is None:
         return None
     name = inner.op.name
@@ -318,7 +329,7 @@ def _guarded(graph: Graph, rules: Dict[str, Rule], on_replace=None) -> Callable:
 
 def _one_hot_labels(v: Value, x: Value, axis: int) -> Optional[Value]:
     """The integer labels when ``v`` is their one-hot encoding along ``axis`` of the logits x."""
-    n = v.node
+    n = _made(v)
     if n is None or v.type != x.type:
         return None
     if n.op.name == "one_hot_like" and normalize_axis(n.attrs["axis"], x.ndim) == axis:
@@ -361,7 +372,7 @@ def _cross_entropy(node: Node, inputs: Sequence[Value], sole: Callable[[Value], 
         else:
             return None
         v = ins[0]
-        n = v.node
+        n = _made(v)
         if n is None or not sole(v):
             return None
         ins = list(n.inputs)
@@ -505,6 +516,14 @@ COUNTED_RULES = {"neg": _cross_entropy, "sum": _cross_entropy, "mean": _cross_en
 
 def simplify(graph: Graph) -> Graph:
     """Algebraic simplification and stable forms, then the rewrites that take over a node's only reader."""
+    token = _CUT.set(frozenset(id(v) for v in graph.inputs))
+    try:
+        return _simplify(graph)
+    finally:
+        _CUT.reset(token)
+
+
+def _simplify(graph: Graph) -> Graph:
     graph = rewrite(graph, _guarded(graph, LOCAL_RULES))
     if not any(n.op.name in _COUNTED_ANCHORS for n in graph.nodes):
         return graph
@@ -514,7 +533,7 @@ def simplify(graph: Graph) -> Graph:
 
     def sole(v: Value) -> bool:
         key = origin.get(id(v), id(v))
-        return v.node is not None and key not in outputs and counts.get(key, 0) == 1
+        return _made(v) is not None and key not in outputs and counts.get(key, 0) == 1
 
     def counted(fn):
         return lambda node, inputs: fn(node, inputs, sole)

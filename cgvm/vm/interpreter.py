@@ -43,7 +43,8 @@ class Executable:
     """A Program loaded for one backend and workspace. ``run(args)`` returns the list of outputs."""
 
     def __init__(self, program: Program, workspace: Workspace, *, planner: Optional[Planner] = None,
-                 infer: Optional[Callable] = None, runtime: Any = None, engine: str = "threaded"):
+                 infer: Optional[Callable] = None, specialize: Optional[Callable] = None, runtime: Any = None,
+                 engine: str = "threaded"):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.program = program
@@ -56,6 +57,7 @@ class Executable:
         self.kernels = [node.op.bind(xp, node.attrs, self.backend.overrides, runtime) for node in program.nodes]
         self.planner = planner
         self.infer = infer
+        self.specialize = specialize  # (program, slot types) -> program for this signature
         self.frames: Dict[Any, Frame] = {}
         self._consts = {s: self.backend.asarray(a) for s, a in program.const_slots}
 
@@ -98,6 +100,8 @@ class Executable:
                                  f"for {want!r}")
             known[s] = t
         types = self.infer(prog, known) if self.infer else list(prog.slot_types)
+        if self.specialize is not None:
+            prog = self.specialize(prog, types)
         plan = self.planner(prog, types) if self.planner else None
         buffers: List[Any] = []
         views: Dict[int, Any] = {}
@@ -106,17 +110,19 @@ class Executable:
             for s, sid in enumerate(plan.storage):
                 if sid is not None and s not in plan.aliases:
                     t = types[s]
-                    views[s] = buffers[sid][:t.nbytes].view(t.dtype.np).reshape(t.shape)
+                    start = plan.offsets[s]
+                    views[s] = buffers[sid][start:start + t.nbytes].view(t.dtype.np).reshape(t.shape)
         scalar_outputs = [s for s in prog.output_slots if types[s].ndim == 0]
         if self.engine == "threaded":
             run, line_pc = lower(prog, self.kernels, views, self._consts, scalar_outputs,
-                                 self.backend.xp.asarray, self.workspace._data, self._threaded_error)
+                                 self.backend.xp.asarray, self.workspace._data,
+                                 lambda exc, lp: self._threaded_error(exc, lp, prog))
             return Frame(run, types, plan, buffers, line_pc=line_pc)
-        code = self._lower_loop(views)
-        return Frame(self._loop_runner(code, scalar_outputs), types, plan, buffers, code=code)
+        code = self._lower_loop(prog, views)
+        return Frame(self._loop_runner(prog, code, scalar_outputs), types, plan, buffers, code=code)
 
     # -- threaded engine ---------------------------------------------------------
-    def _threaded_error(self, exc: BaseException, line_pc: Dict[int, int]) -> None:
+    def _threaded_error(self, exc: BaseException, line_pc: Dict[int, int], prog: Program) -> None:
         """Raise the cgvm error for an exception caught inside threaded code (pc from the line number)."""
         tb = exc.__traceback__
         if tb is None:
@@ -130,11 +136,10 @@ class Executable:
         local = tb.tb_frame.f_locals
         regs = {int(k[1:]): v for k, v in local.items() if k[:1] == "s" and k[1:].isdigit()}
         regs.update(self._consts)
-        raise self._error(pc, exc, regs) from exc
+        raise self._error(prog, pc, exc, regs) from exc
 
     # -- loop engine ---------------------------------------------------------------
-    def _lower_loop(self, views: Dict[int, Any]) -> list:
-        prog = self.program
+    def _lower_loop(self, prog: Program, views: Dict[int, Any]) -> list:
         code = []
         for pc, ins in enumerate(prog.instrs):
             if ins.opcode == FREE:
@@ -155,8 +160,7 @@ class Executable:
                 code.append((_N, fn, args, buf, res, pc))
         return code
 
-    def _loop_runner(self, code: list, scalar_outputs: Sequence[int]) -> Callable:
-        prog = self.program
+    def _loop_runner(self, prog: Program, code: list, scalar_outputs: Sequence[int]) -> Callable:
         template: List[Any] = [None] * prog.n_slots
         for s, a in self._consts.items():
             template[s] = a
@@ -173,11 +177,11 @@ class Executable:
                 r[s] = a
             for name, s in params:
                 r[s] = data[name]
-            self.interpret(code, r)
+            self.interpret(prog, code, r)
             return tuple(asarray(r[s]) if s in scalars else r[s] for s in outputs)
         return run
 
-    def interpret(self, code: list, r: list) -> None:
+    def interpret(self, prog: Program, code: list, r: list) -> None:
         """The loop interpreter over lowered tuples; subclass and override to trace or instrument."""
         ins = None
         try:
@@ -204,7 +208,7 @@ class Executable:
         except Exception as exc:
             if ins is None:
                 raise
-            raise self._error(ins[-1], exc, dict(enumerate(r))) from exc
+            raise self._error(prog, ins[-1], exc, dict(enumerate(r))) from exc
 
     # -- running -------------------------------------------------------------------
     def run(self, args: Sequence[Any]) -> List[Any]:
@@ -220,8 +224,7 @@ class Executable:
         """``step(*args) -> tuple`` for repeated calls with the shapes of ``args`` (loop bodies)."""
         return self.frame_for(args).run
 
-    def _error(self, pc: int, exc: Exception, regs: Dict[int, Any]) -> Exception:
-        prog = self.program
+    def _error(self, prog: Program, pc: int, exc: Exception, regs: Dict[int, Any]) -> Exception:
         ins = prog.instrs[pc]
         got = ", ".join(_describe(regs.get(s)) for s in ins.args)
         msg = f"{type(exc).__name__} in {prog.name} at {prog.where(pc)}\n  inputs: {got}\n  {exc}"

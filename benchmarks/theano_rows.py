@@ -1,0 +1,107 @@
+"""Theano-style rows: the same scripts run by cgvm.theano and by PyTensor (call overhead, compile time
+of a training function, MLP step, RNN scan forward and forward+grad)."""
+from __future__ import annotations
+
+import time
+from typing import Any, List
+
+import numpy as np
+
+from .core import _pytensor
+from .harness import Row
+from .rnn import BATCH, N_HID, N_IN, T_STEPS, _data, _numpy_loop
+
+
+def _cgvm_theano():
+    import cgvm.theano as theano
+    import cgvm.theano.tensor as T
+
+    return theano, T
+
+
+def _frameworks():
+    out = [("cgvm", _cgvm_theano())]
+    pt = _pytensor()
+    if pt is not None:
+        out.append(("pytensor", pt))
+    return out
+
+
+def _mlp_train_fn(theano: Any, T: Any, seed: int = 0):
+    """A typical training function: MLP 784-512-512-10, softmax NLL, SGD updates, givens minibatch."""
+    rng = np.random.default_rng(seed)
+    X = theano.shared(rng.standard_normal((1024, 784)).astype(np.float32), name="X")
+    Y = theano.shared(rng.integers(0, 10, 1024).astype(np.int64), name="Y")
+    sizes = [784, 512, 512, 10]
+    params = []
+    x, y, i = T.matrix("x", dtype="float32"), T.vector("y", dtype="int64"), T.lscalar("i")
+    h = x
+    for k, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        W = theano.shared((rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32), name=f"W{k}")
+        bb = theano.shared(np.zeros(b, np.float32), name=f"b{k}")
+        params += [W, bb]
+        h = T.dot(h, W) + bb
+        if k < 2:
+            h = T.maximum(h, 0)
+    shifted = h - T.max(h, axis=1, keepdims=True)
+    logp = shifted - T.log(T.sum(T.exp(shifted), axis=1, keepdims=True))
+    cost = -T.mean(logp[T.arange(y.shape[0]), y])
+    grads = T.grad(cost, params)
+    t0 = time.perf_counter()
+    f = theano.function([i], cost, updates=[(q, q - np.float32(0.01) * g) for q, g in zip(params, grads)],
+                        givens={x: X[i * 128:(i + 1) * 128], y: Y[i * 128:(i + 1) * 128]})
+    return f, time.perf_counter() - t0
+
+
+def call_overhead() -> Row:
+    row = Row("theano.function call overhead: f(x) = x + 1, one element", number=20000)
+    a = np.ones(1, np.float32)
+    for name, (theano, T) in _frameworks():
+        x = T.vector("x", dtype="float32")
+        f = theano.function([x], x + np.float32(1))
+        row.add(name, lambda f=f: f(a))
+    return row
+
+
+def compile_time() -> Row:
+    row = Row("compile a typical training function (MLP, grad, updates, givens)", number=1, rounds=1)
+    for name, (theano, T) in _frameworks():
+        times = []
+        for seed in range(3):
+            f, dt = _mlp_train_fn(theano, T, seed)
+            t0 = time.perf_counter()
+            f(0)  # first call: cgvm plans memory per input signature here
+            times.append(dt + time.perf_counter() - t0)
+        row.fixed[name] = sorted(times)[1]
+    return row
+
+
+def mlp_step() -> Row:
+    row = Row("theano.function MLP 784-512-512-10 SGD step, batch 128 (givens)", number=10)
+    for name, (theano, T) in _frameworks():
+        f, _ = _mlp_train_fn(theano, T)
+        row.add(name, lambda f=f: f(3))
+    return row
+
+
+def rnn_rows() -> List[Row]:
+    X, H0, W, U = _data()
+    out = []
+    for backward in (False, True):
+        row = Row(f"theano.scan RNN (tanh, hidden {N_HID}, input {N_IN}, {T_STEPS} steps, batch {BATCH}) "
+                  f"{'forward+grad' if backward else 'forward'}", number=5, rounds=7)
+        for name, (theano, T) in _frameworks():
+            xs = T.tensor3("X", dtype="float32")
+            h0, w, u = (T.matrix(n, dtype="float32") for n in ("H0", "W", "U"))
+            hs, _ = theano.scan(lambda x_t, h, w, u: T.tanh(T.dot(x_t, w) + T.dot(h, u)), sequences=xs,
+                                outputs_info=h0, non_sequences=[w, u])
+            c = hs.sum()
+            f = theano.function([xs, h0, w, u], [c] + (list(theano.grad(c, [w, u])) if backward else []))
+            row.add(name, lambda f=f: f(X, H0, W, U))
+        row.add("numpy", lambda b=backward: _numpy_loop(X, H0, W, U, b))
+        out.append(row)
+    return out
+
+
+def rows(quick: bool = False) -> List[Row]:
+    return [call_overhead(), compile_time(), mlp_step()] + rnn_rows()

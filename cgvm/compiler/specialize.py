@@ -1,0 +1,57 @@
+"""Per-signature specialization: once input shapes are known, drop what they make unnecessary.
+
+Graphs are compiled for unknown dimensions, so gradient rules keep shape adapters such as
+``sum_to_like(g, x)`` ("sum g down to x's shape") that turn out to be identities for the
+shapes that actually arrive. Worse, the adapter's shape-only input can keep a costly node
+alive (a loop body's backward step recomputing a forward matmul only for its shape). Here,
+with the concrete types of every slot, identity adapters become aliases of their input, and
+instructions whose results nobody reads any more are dropped.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Sequence
+
+from ..ir.types import TensorType
+from ..vm.bytecode import CALL, RET, Instr, Program
+from .codegen import with_frees
+
+# op name -> when, for these input and output types, the op returns its first input unchanged
+IDENTITY_WHEN: Dict[str, Callable[[Sequence[TensorType], TensorType], bool]] = {
+    "sum_to_like": lambda ins, out: ins[0] == out,
+    "broadcast_like": lambda ins, out: ins[0] == out,
+    "reshape_like": lambda ins, out: ins[0] == out,
+    "cast": lambda ins, out: ins[0] == out,
+}
+
+
+def specialize(program: Program, types: Sequence[TensorType]) -> Program:
+    """The program with identity adapters aliased away and dead instructions removed."""
+    outputs = set(program.output_slots)
+    alias: Dict[int, int] = {}
+    calls: List[Instr] = []
+    for ins in program.instrs:
+        if ins.opcode != CALL:
+            continue
+        args = tuple(alias.get(a, a) for a in ins.args)
+        rule = IDENTITY_WHEN.get(program.nodes[ins.node].op.name)
+        if (rule is not None and len(ins.results) == 1 and ins.results[0] not in outputs
+                and all(types[s].is_concrete for s in args[:1] + ins.results)
+                and rule([types[a] for a in args], types[ins.results[0]])):
+            alias[ins.results[0]] = args[0]
+            continue
+        calls.append(Instr(CALL, ins.node, args, ins.results))
+    if not alias:
+        return program
+    live = set(outputs)
+    kept: List[Instr] = []
+    for ins in reversed(calls):
+        if any(r in live for r in ins.results):
+            kept.append(ins)
+            live.update(ins.args)
+    kept.reverse()
+    keep = outputs | set(program.input_slots) | {s for _, s in program.param_slots} | \
+        {s for s, _ in program.const_slots}
+    instrs = with_frees(kept, keep)
+    instrs.append(Instr(RET, -1, program.output_slots, ()))
+    return Program(instrs, program.nodes, program.slot_names, program.slot_types, program.input_slots,
+                   program.param_slots, program.const_slots, program.output_slots, name=program.name)
