@@ -8,16 +8,20 @@ transpose, ...) alias their input's block and extend its life. Values that leave
 (outputs, and anything they alias) are never planned, so a buffer handed to the user is never
 reused underneath them.
 
-Two allocators simulate the same program and the smaller plan wins (as NNVM searches its
-match range): NNVM's, where a freed storage is reused whole by a value of similar size (at
-most ``match_range`` times smaller), and an arena that splits a freed storage among smaller
-values, merges neighbouring free blocks again and grows a storage whose end is free (as heap
-simulators do), so the 49 MiB of a ResNet stem can later hold four 12 MiB activations at once.
+The simulation yields blocks with lifetimes; two allocators place them and the smaller plan
+wins (as NNVM searches its match range): NNVM's free list, where a freed storage is reused whole
+by a block of similar size (at most ``match_range`` times smaller), and one arena where blocks,
+largest first, take the best-fitting gap between the blocks alive at the same time (TFLite's
+greedy-by-size offsets). The arena lets the 49 MiB of a ResNet stem later hold four 12 MiB
+activations, and the activations a training step's backward pass has freed hold one large weight
+gradient.
 """
 from __future__ import annotations
 
 import bisect
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ..errors import ShapeError
 from ..ir.types import TensorType
@@ -70,110 +74,117 @@ def infer_slot_types(program: Program, known: Dict[int, TensorType]) -> List[Ten
 def plan_memory(program: Program, types: Sequence[TensorType], *, inplace: bool = True,
                 match_range: int = 16) -> MemoryPlan:
     """The smaller of the whole-storage (NNVM) plan and the arena plan; ties keep NNVM's."""
-    whole = _simulate(program, types, inplace, _WholeStorages(match_range))
-    arena = _simulate(program, types, inplace, _Arena())
-    return arena if arena.planned_bytes < whole.planned_bytes else whole
+    life = _lifetimes(program, types, inplace)
+    best = _whole_storages(life.blocks, match_range)
+    if sum(best[1]) > _live_bytes_bound(life.blocks):     # the arena can only help above the bound
+        arena = _arena(life.blocks)
+        if sum(arena[1]) < sum(best[1]):
+            best = arena
+    where, storage_bytes = best
+    storage: List[Optional[int]] = [None] * program.n_slots
+    offsets = [0] * program.n_slots
+    for s, b in enumerate(life.block_of):
+        if b is not None:
+            storage[s], offsets[s] = where[b]
+    return MemoryPlan(storage, storage_bytes, life.inplace, life.unplanned, life.dynamic, life.aliases, offsets)
 
 
 #: arena blocks start at multiples of this many bytes (cache lines; every dtype's alignment)
 ALIGN = 64
 
+#: a block never released lives to the end of the program
+FOREVER = 1 << 62
 
-def _round_up(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
-class _WholeStorages:
-    """NNVM's free list: a freed storage is reused whole by a request at most ``match_range`` times smaller,
-    else the largest smaller free storage grows, else a new storage opens."""
-
-    def __init__(self, match_range: int):
-        self.match_range = match_range
-        self.bytes: List[int] = []
-        self.free: List[Tuple[int, int]] = []     # sorted (bytes, sid)
-
-    def allocate(self, nbytes: int) -> Tuple[int, int]:
-        i = bisect.bisect_left(self.free, (nbytes, -1))
-        if i < len(self.free) and self.free[i][0] <= nbytes * self.match_range:
-            return self.free.pop(i)[1], 0
-        if i > 0:  # grow the largest smaller block rather than open a new one (never shrink a larger one)
-            _, sid = self.free.pop(i - 1)
-            self.bytes[sid] = nbytes
-            return sid, 0
-        self.bytes.append(nbytes)
-        return len(self.bytes) - 1, 0
-
-    def release(self, sid: int, offset: int, nbytes: int) -> None:
-        bisect.insort(self.free, (self.bytes[sid], sid))
-
-    def storage_bytes(self) -> List[int]:
-        return list(self.bytes)
+Placement = Tuple[List[Tuple[int, int]], List[int]]     # (storage id, offset) per block; storage sizes
 
 
-class _Arena:
-    """Storages carved into blocks: best fit with splitting, neighbours merged on release, a storage
-    whose end is free grown in place, a new storage only when nothing else can serve."""
+class _Block(NamedTuple):
+    nbytes: int
+    start: int      # index of the CALL that writes it first
+    end: int        # index of the CALL after which it is free (its last reader)
 
-    def __init__(self):
-        self.capacity: List[int] = []             # rounded end of each storage
-        self.used: List[int] = []                 # exact end of the furthest block placed in it
-        self.free: List[Tuple[int, int, int]] = []    # sorted (size, sid, offset)
-        self.starts: List[Dict[int, int]] = []    # per storage: free block offset -> size
-        self.ends: List[Dict[int, int]] = []      # per storage: free block end -> offset
 
-    def _add(self, sid: int, offset: int, size: int) -> None:
-        bisect.insort(self.free, (size, sid, offset))
-        self.starts[sid][offset] = size
-        self.ends[sid][offset + size] = offset
+class _Lifetimes(NamedTuple):
+    blocks: List[_Block]
+    block_of: List[Optional[int]]   # slot -> its block
+    inplace: Dict[int, int]
+    unplanned: int
+    dynamic: int
+    aliases: set
 
-    def _remove(self, sid: int, offset: int, size: int) -> None:
-        del self.free[bisect.bisect_left(self.free, (size, sid, offset))]
-        del self.starts[sid][offset]
-        del self.ends[sid][offset + size]
 
-    def allocate(self, nbytes: int) -> Tuple[int, int]:
-        size = _round_up(nbytes)
-        i = bisect.bisect_left(self.free, (size, -1, -1))
-        if i < len(self.free):
-            have, sid, offset = self.free[i]
-            self._remove(sid, offset, have)
-            if have > size:
-                self._add(sid, offset + size, have - size)
+def _live_bytes_bound(blocks: Sequence[_Block]) -> int:
+    """The most bytes of blocks alive at one instruction: no placement needs less."""
+    delta: Dict[int, int] = {}
+    for b in blocks:
+        delta[b.start] = delta.get(b.start, 0) + b.nbytes
+        if b.end < FOREVER:
+            delta[b.end + 1] = delta.get(b.end + 1, 0) - b.nbytes
+    live = peak = 0
+    for t in sorted(delta):
+        live += delta[t]
+        peak = max(peak, live)
+    return peak
+
+
+def _whole_storages(blocks: Sequence[_Block], match_range: int) -> Placement:
+    """NNVM's free list over the blocks in time order: a freed storage is reused whole by a block at
+    most ``match_range`` times smaller, else the largest smaller free storage grows, else a new one."""
+    sizes: List[int] = []
+    free: List[Tuple[int, int]] = []            # sorted (bytes, sid)
+    where: List[Tuple[int, int]] = [(0, 0)] * len(blocks)
+    # at one CALL, the blocks it writes are taken before the blocks it reads last are freed
+    events = sorted([(b.start, 0, k) for k, b in enumerate(blocks)] + [(b.end, 1, k) for k, b in enumerate(blocks)
+                                                                      if b.end < FOREVER])
+    for _, is_free, k in events:
+        if is_free:
+            sid = where[k][0]
+            bisect.insort(free, (sizes[sid], sid))
+            continue
+        nbytes = blocks[k].nbytes
+        i = bisect.bisect_left(free, (nbytes, -1))
+        if i < len(free) and free[i][0] <= nbytes * match_range:
+            sid = free.pop(i)[1]
+        elif i > 0:  # grow the largest smaller block rather than open a new one (never shrink a larger one)
+            _, sid = free.pop(i - 1)
+            sizes[sid] = nbytes
         else:
-            tails = [(cap - self.ends[sid][cap], sid) for sid, cap in enumerate(self.capacity) if cap in self.ends[sid]]
-            if tails:
-                have, sid = max(tails)
-                offset = self.capacity[sid] - have
-                self._remove(sid, offset, have)
-                self.capacity[sid] = offset + size
-            else:
-                sid, offset = len(self.capacity), 0
-                self.capacity.append(size)
-                self.used.append(0)
-                self.starts.append({})
-                self.ends.append({})
-        self.used[sid] = max(self.used[sid], offset + nbytes)
-        return sid, offset
-
-    def release(self, sid: int, offset: int, nbytes: int) -> None:
-        size = _round_up(nbytes)
-        after = self.starts[sid].get(offset + size)
-        if after is not None:
-            self._remove(sid, offset + size, after)
-            size += after
-        before = self.ends[sid].get(offset)
-        if before is not None:
-            self._remove(sid, before, offset - before)
-            size += offset - before
-            offset = before
-        self._add(sid, offset, size)
-
-    def storage_bytes(self) -> List[int]:
-        return list(self.used)
+            sid = len(sizes)
+            sizes.append(nbytes)
+        where[k] = (sid, 0)
+    return where, sizes
 
 
-def _simulate(program: Program, types: Sequence[TensorType], inplace: bool, allocator) -> MemoryPlan:
-    """Run the program's liveness through ``allocator`` (``allocate(nbytes) -> (sid, offset)``, ``release``)."""
+def _arena(blocks: Sequence[_Block]) -> Placement:
+    """Greedy by size: largest blocks first, each at the best-fitting gap among the blocks placed so far
+    that are alive at the same time (or above them all)."""
+    n = len(blocks)
+    order = sorted(range(n), key=lambda k: (-blocks[k].nbytes, blocks[k].start))
+    lows, highs = np.zeros(n, np.int64), np.zeros(n, np.int64)       # placed blocks, in placement order
+    starts, ends = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    where: List[Tuple[int, int]] = [(0, 0)] * n
+    used = 0
+    for count, k in enumerate(order):
+        b = blocks[k]
+        size = -(-b.nbytes // ALIGN) * ALIGN
+        alive = np.nonzero((starts[:count] <= b.end) & (ends[:count] >= b.start))[0]
+        best_gap, offset, top = None, None, 0
+        for i in alive[np.argsort(lows[alive], kind="stable")].tolist():
+            gap = int(lows[i]) - top
+            if gap >= size and (best_gap is None or gap < best_gap):
+                best_gap, offset = gap, top
+            top = max(top, int(highs[i]))
+        if offset is None:
+            offset = top
+        lows[count], highs[count], starts[count], ends[count] = offset, offset + size, b.start, b.end
+        where[k] = (0, offset)
+        used = max(used, offset + b.nbytes)
+    return where, ([used] if blocks else [])
+
+
+def _lifetimes(program: Program, types: Sequence[TensorType], inplace: bool) -> _Lifetimes:
+    """Simulate the program's reference counts: which values share a block (in place, views) and when
+    each block is written first and read last."""
     n = program.n_slots
     calls = [ins for ins in program.instrs if ins.opcode == CALL]
     uses = [0] * n
@@ -199,22 +210,17 @@ def _simulate(program: Program, types: Sequence[TensorType], inplace: bool, allo
     external.update(find(s) for _, s in program.param_slots)
     external.update(find(s) for s, _ in program.const_slots)
 
-    storage: List[Optional[int]] = [None] * n
-    offsets: List[int] = [0] * n
-    block: List[Optional[int]] = [None] * n      # slot -> its block (index into the lists below)
-    blocks: List[Tuple[int, int, int]] = []      # (sid, offset, nbytes)
+    block: List[Optional[int]] = [None] * n
+    sizes: List[int] = []
+    starts: List[int] = []
+    ends: List[int] = []
     block_uses: List[int] = []
-    released: List[bool] = []
     inplace_map: Dict[int, int] = {}
     unplanned = 0
     dynamic = 0
     aliases: set = set()
 
-    def release(b: int) -> None:
-        released[b] = True
-        allocator.release(*blocks[b])
-
-    for ins in calls:
+    for time, ins in enumerate(calls):
         op = program.nodes[ins.node].op
         claimed = set()
         for k, r in enumerate(ins.results):
@@ -227,7 +233,6 @@ def _simulate(program: Program, types: Sequence[TensorType], inplace: bool, allo
                 b = block[ins.args[0]]
                 if b is not None:
                     block[r] = b
-                    storage[r], offsets[r] = blocks[b][0], blocks[b][1]
                     block_uses[b] += uses[r]
                     aliases.add(r)
                 continue
@@ -249,23 +254,23 @@ def _simulate(program: Program, types: Sequence[TensorType], inplace: bool, allo
                         inplace_map[r] = a
                         break
             if b is None:
-                sid, offset = allocator.allocate(nbytes)
-                b = len(blocks)
-                blocks.append((sid, offset, nbytes))
+                b = len(sizes)
+                sizes.append(nbytes)
+                starts.append(time)
+                ends.append(FOREVER)
                 block_uses.append(0)
-                released.append(False)
             claimed.add(b)
             block[r] = b
-            storage[r], offsets[r] = blocks[b][0], blocks[b][1]
             block_uses[b] += uses[r]
         for a in ins.args:
             b = block[a]
             if b is not None:
                 block_uses[b] -= 1
                 if block_uses[b] == 0:
-                    release(b)
+                    ends[b] = time
         for r in ins.results:
             b = block[r]
-            if b is not None and uses[r] == 0 and block_uses[b] == 0 and not released[b]:
-                release(b)
-    return MemoryPlan(storage, allocator.storage_bytes(), inplace_map, unplanned, dynamic, aliases, offsets)
+            if b is not None and uses[r] == 0 and block_uses[b] == 0:
+                ends[b] = min(ends[b], time)
+    blocks = [_Block(sz, st, en) for sz, st, en in zip(sizes, starts, ends)]
+    return _Lifetimes(blocks, block, inplace_map, unplanned, dynamic, aliases)

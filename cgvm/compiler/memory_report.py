@@ -30,6 +30,7 @@ from .codegen import generate
 from .memory import MemoryPlan, infer_slot_types, plan_memory
 from .passes import run_passes
 from .recompute import optimize_and_recompute
+from .specialize import specialize
 
 Shapes = Union[None, Mapping[str, Sequence[int]], Sequence[Sequence[int]]]
 
@@ -103,6 +104,7 @@ def _report(program: Program, graph: Graph, shapes: Shapes, params: Mapping[str,
     for name, s in program.param_slots:
         known[s] = params[name]
     types = infer_slot_types(program, known)
+    program = specialize(program, types)      # what the VM runs for this signature
     mplan = plan_memory(program, types, inplace=inplace) if plan else None
     return simulate(program, types, mplan)
 

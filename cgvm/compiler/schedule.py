@@ -14,14 +14,19 @@ Forward-only helpers of the backward (``1 - y*y`` for tanh, transposes of activa
 computed as late as possible, right before their first reader, instead of during the forward
 pass. Graphs without a gradient seed (inference) keep their order.
 
+Last, chains of nodes that only feed graph outputs (a weight gradient and its SGD update) move
+to the end when they make a value larger than the inputs they read: AlexNet's 144 MiB fc6
+weight gradient then exists after the convolutions' backward pass has freed their activations,
+not on top of them. This needs concrete shapes; with unknown dimensions chains stay in place.
+
 Run it last: passes that rebuild the graph from its outputs restore the depth-first order.
 """
 from __future__ import annotations
 
 import heapq
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Sequence, Set
 
-from ..ir.graph import Graph, Node
+from ..ir.graph import CONST, INPUT, PARAM, Graph, Node, Value
 
 
 def is_gradient_seed(node: Node) -> bool:
@@ -107,6 +112,50 @@ def schedule_for_memory(graph: Graph) -> Graph:
                 heapq.heappush(ready, (now, position[id(r)], r))
     # forward nodes nobody in the backward reads and no output needs (none after prune) keep their place
     order += [n for n in nodes if id(n) not in done]
+    order = defer_output_chains(order, graph.outputs)
     if len(order) != len(nodes) or all(a is b for a, b in zip(order, nodes)):
         return graph
     return graph.replace(order)
+
+
+def _known_bytes(v: Value) -> Optional[int]:
+    return v.type.nbytes if v.type.is_concrete else None
+
+
+def defer_output_chains(order: Sequence[Node], outputs: Sequence[Value]) -> List[Node]:
+    """``order`` with output-only chains that build a large value from small inputs moved to the end.
+
+    A chain grows from a node making graph outputs nobody else reads, upward through producers
+    whose every result is read inside the chain only: what exists solely to compute that output.
+    """
+    out_ids = {id(v) for v in outputs}
+    readers: Dict[int, List[Node]] = {}
+    for n in order:
+        for v in n.inputs:
+            readers.setdefault(id(v), []).append(n)
+    taken: Set[int] = set()
+    deferred: Set[int] = set()
+    for root in reversed(order):
+        if id(root) in taken or not all(id(o) in out_ids and id(o) not in readers for o in root.outputs):
+            continue
+        chain = {id(root): root}
+        todo = [root]
+        while todo:
+            n = todo.pop()
+            for v in n.inputs:
+                p = v.node
+                if (p is None or id(p) in chain or id(p) in taken or any(id(o) in out_ids for o in p.outputs)
+                        or not all(id(r) in chain for o in p.outputs for r in readers.get(id(o), ()))):
+                    continue
+                chain[id(p)] = p
+                todo.append(p)
+        taken.update(chain)
+        made = [_known_bytes(o) for n in chain.values() for o in n.outputs if id(o) not in out_ids]
+        held = [_known_bytes(v) for v in {id(v): v for n in chain.values() for v in n.inputs
+                                          if v.node is not None and id(v.node) not in chain
+                                          and v.kind not in (INPUT, PARAM, CONST)}.values()]
+        if made and None not in made and None not in held and max(made) > sum(held):
+            deferred.update(chain)
+    if not deferred:
+        return list(order)
+    return [n for n in order if id(n) not in deferred] + [n for n in order if id(n) in deferred]

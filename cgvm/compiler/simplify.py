@@ -40,7 +40,7 @@ from typing import Callable, Dict, Optional, Sequence
 import numpy as np
 
 from ..ir.builder import apply
-from ..ir.graph import CONST, NODE, Graph, Node, Value, const_value
+from ..ir.graph import CONST, NODE, Graph, Node, Value, const_value, source_scope
 from ..ops import conv as cv
 from ..ops import elementwise as ew
 from ..ops import loss as ls
@@ -314,7 +314,8 @@ def _guarded(graph: Graph, rules: Dict[str, Rule], on_replace=None) -> Callable:
         fn = rules.get(node.op.name)
         if fn is None or len(node.outputs) != 1:
             return None
-        repl = fn(node, inputs)
+        with source_scope(node.source):   # nodes a rule builds point where the user wrote the original
+            repl = fn(node, inputs)
         if repl is None or repl is node.outputs[0]:
             return None
         if repl.kind != NODE and id(node.outputs[0]) in outputs:
@@ -417,7 +418,13 @@ def _per_channel(v: Value, out: Value) -> Optional[int]:
 
 
 def _channel_vector(v: Value, c: int) -> Value:
-    return v if v.shape == (c,) else shp.reshape(v, shape=(c,))
+    """``v`` (one value per channel) as a (c,) vector, looking through reshapes that made it."""
+    while v.shape != (c,):
+        inner = _producer(v, "reshape")
+        if inner is None or inner.inputs[0].type.size != c:
+            return shp.reshape(v, shape=(c,))
+        v = inner.inputs[0]
+    return v
 
 
 def _cheap_to_scale(w: Value, out: Value) -> bool:

@@ -166,13 +166,17 @@ fused_elementwise = defop(
 
 # --------------------------------------------------------------------------- NumPy: generated code
 
-def _literal_numbers(program: Program) -> Dict[Tuple[Any, str], int]:
+def _literal_key(r: Operand) -> Tuple[str, str]:
+    return (repr(r[1]), r[2])   # repr keeps -0.0 apart from 0.0
+
+
+def _literal_numbers(program: Program) -> Dict[Tuple[str, str], int]:
     """A number per distinct literal: the generated code names it ``_c<k>`` (0-d array) or ``_s<k>`` (scalar)."""
-    numbers: Dict[Tuple[Any, str], int] = {}
+    numbers: Dict[Tuple[str, str], int] = {}
     for _, operands in program:
         for r in operands:
             if is_literal(r):
-                numbers.setdefault((r[1], r[2]), len(numbers))
+                numbers.setdefault(_literal_key(r), len(numbers))
     return numbers
 
 
@@ -186,7 +190,7 @@ def _scalar_mode(program: Program, dtype: DType) -> Optional[str]:
     return "numpy"
 
 
-def _scalar_lines(program: Program, n: int, mode: str, lits: Dict[Tuple[Any, str], int]) -> List[str]:
+def _scalar_lines(program: Program, n: int, mode: str, lits: Dict[Tuple[str, str], int]) -> List[str]:
     """The one-element path: evaluate on scalars, then fill a one-element output."""
     xs = [f"x{k}" for k in range(n)]
     lines = ["  if " + " and ".join(f"{x}.size == 1" for x in xs) + ":"]
@@ -197,7 +201,7 @@ def _scalar_lines(program: Program, n: int, mode: str, lits: Dict[Tuple[Any, str
                     else ("a" if r == ACC else f"v{r}") for r in operands]
             body.append(f"a = {_PY_EXPR[name].format(*args)}")
         else:
-            args = [f"_s{lits[(r[1], r[2])]}" if is_literal(r) else ("a" if r == ACC else f"v{r}")
+            args = [f"_s{lits[_literal_key(r)]}" if is_literal(r) else ("a" if r == ACC else f"v{r}")
                     for r in operands]
             expr = _NP_SCALAR_OPERATORS.get(name)
             body.append(f"a = {expr.format(*args)}" if expr else f"a = _{name}({', '.join(args)})")
@@ -223,9 +227,12 @@ def numpy_fused_kernel(program: Program, dtype_name: str, shape_from_first: bool
                                _ones=tuple((1,) * d for d in range(65)), _broadcast=np.broadcast,
                                _bshapes=np.broadcast_shapes)
     lits = _literal_numbers(program)
-    for (value, dname), k in lits.items():
-        env[f"_c{k}"] = np.asarray(value, DType(dname).np)    # 0-d: the fastest ufunc operand
-        env[f"_s{k}"] = DType(dname).np.type(value)          # a NumPy scalar, for the one-element path
+    for _, operands in program:
+        for r in operands:
+            if is_literal(r):
+                k = lits[_literal_key(r)]
+                env[f"_c{k}"] = np.asarray(r[1], DType(r[2]).np)    # 0-d: the fastest ufunc operand
+                env[f"_s{k}"] = DType(r[2]).np.type(r[1])          # a NumPy scalar, for the one-element path
     for name, _ in program:
         env[f"_{name}"] = getattr(np, name)
     lines = [f"def fused({''.join(x + ', ' for x in xs)}out=None):"]
@@ -235,13 +242,14 @@ def numpy_fused_kernel(program: Program, dtype_name: str, shape_from_first: bool
 
     def call(step: Step, target: Optional[str]) -> str:
         name, operands = step
-        args = [f"_c{lits[(r[1], r[2])]}" if is_literal(r) else ("out" if r == ACC else f"x{r}") for r in operands]
+        args = [f"_c{lits[_literal_key(r)]}" if is_literal(r) else ("out" if r == ACC else f"x{r}") for r in operands]
         if target is not None:
             args.append(f"out={target}")
         return f"_{name}({', '.join(args)})"
 
     if shape_from_first:
-        lines += ["  if out is None:", f"    out = {call(program[0], None)}", "  else:", f"    {call(program[0], 'out')}"]
+        first_into_out = call(program[0], "out")
+        lines += ["  if out is None:", f"    out = {call(program[0], None)}", "  else:", f"    {first_into_out}"]
     else:
         if n == 0:
             shape = "()"
@@ -262,14 +270,14 @@ def numpy_fused_kernel(program: Program, dtype_name: str, shape_from_first: bool
 def _generic_fused_kernel(xp: Any, program: Program, dtype: DType) -> Callable:
     """The program as in-place ufunc calls of array module ``xp`` (any backend)."""
     resolved = [(getattr(xp, name), operands) for name, operands in program]
-    literals = {(r[1], r[2]): xp.asarray(r[1], dtype=DType(r[2]).np)
+    literals = {_literal_key(r): xp.asarray(r[1], dtype=DType(r[2]).np)
                 for _, operands in program for r in operands if is_literal(r)}
 
     def fused(*xs: Any, out: Any = None) -> Any:
         if out is None:
             out = xp.empty(xp.broadcast(*xs).shape if xs else (), dtype=dtype.np)
         for ufunc, operands in resolved:
-            ufunc(*[literals[(r[1], r[2])] if is_literal(r) else (out if r == ACC else xs[r]) for r in operands],
+            ufunc(*[literals[_literal_key(r)] if is_literal(r) else (out if r == ACC else xs[r]) for r in operands],
                   out=out)
         return out
     return fused

@@ -3,6 +3,9 @@
 Each rewrite is checked twice: the optimized graph's ops (before/after), and its results against
 the unoptimized program (``passes=[]``) within float32 tolerance.
 """
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -309,3 +312,84 @@ def test_conv_read_twice_keeps_its_activation_separate():
     f, bare = pair([x], E.add(E.relu(y), y))
     assert "conv_bias_act" not in ops(f)
     check_same(f, bare, RNG.standard_normal((1, 2, 5, 5)).astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_graphs_serialize_and_load_back():
+    from cgvm.ir.serialize import graph_from_proto, graph_to_proto
+
+    x = input_value(TensorType((None, 3)), "x")
+    w = RNG.standard_normal((3, 2)).astype(np.float32)
+    g = cgvm.compile([x], E.tanh(E.sub(E.relu(dense(x, w, np.ones(2, np.float32))), 0.5))).graph
+    assert {n.op.name for n in g.nodes} == {"gemm_bias_act", "fused_elementwise"}
+    back = graph_from_proto(graph_to_proto(g))
+    assert [n.op.name for n in back.nodes] == [n.op.name for n in g.nodes]
+    assert [n.attrs for n in back.nodes] == [n.attrs for n in g.nodes]
+    v = RNG.standard_normal((4, 3)).astype(np.float32)
+    np.testing.assert_allclose(eval_graph(back, [v])[0], eval_graph(g, [v])[0], **TOL)
+
+
+# --------------------------------------------------------------------------- whole models
+
+MODEL_DIRS = [Path(__file__).resolve().parents[2] / "models", Path("/work/shared/models/caffe")]
+DEPLOY_NETS = sorted(str(p) for d in MODEL_DIRS if d.is_dir() for p in d.glob("*/*.prototxt")
+                     if "solver" not in p.name and "train" not in p.name and "autoencoder" not in p.name)
+
+RESNET_BLOCK = """name: "resnet_block"
+layer { name: "data" type: "Input" top: "data" input_param { shape: { dim: 2 dim: 8 dim: 12 dim: 12 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 8 kernel_size: 3 pad: 1 bias_term: false
+                            weight_filler { type: "msra" } } }
+layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" batch_norm_param { use_global_stats: true } }
+layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1"
+        scale_param { bias_term: true filler { type: "uniform" min: 0.5 max: 1.5 }
+                      bias_filler { type: "uniform" min: -0.5 max: 0.5 } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "conv2" type: "Convolution" bottom: "conv1" top: "conv2"
+        convolution_param { num_output: 8 kernel_size: 3 pad: 1 weight_filler { type: "msra" } } }
+layer { name: "sum" type: "Eltwise" bottom: "conv2" bottom: "data" top: "sum" }
+layer { name: "relu2" type: "ReLU" bottom: "sum" top: "sum" }
+layer { name: "pool" type: "Pooling" bottom: "sum" top: "pool" pooling_param { pool: AVE global_pooling: true } }
+layer { name: "fc" type: "InnerProduct" bottom: "pool" top: "fc" inner_product_param { num_output: 5 } }
+layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
+"""
+
+
+def _small_batch(text):
+    """The prototxt with its input batch cut to 2 (the nets declare 10 to 10000)."""
+    text = re.sub(r"(shape\s*:?\s*\{\s*dim:\s*)\d+", r"\g<1>2", text)
+    return re.sub(r"(input_dim:\s*)\d+", r"\g<1>2", text, count=1)
+
+
+def _check_net(text, filename):
+    from cgvm.frontends.caffe.graph_export import graph_from_prototxt
+    from cgvm.frontends.caffe.net import Net
+
+    net = Net(text, "TEST", filename=filename, seed=0)
+    if "BatchNorm" in text:   # moving-average sums and a scale factor as a trained net has them
+        for name in list(net.workspace.keys()):
+            value = net.workspace[name]
+            if value.ndim == 1 and value.shape[0] == 8 and "bn1" in name:
+                net.workspace[name] = np.abs(RNG.standard_normal(8)).astype(np.float32) + 0.5
+            elif value.shape == (1,) and "bn1" in name:
+                net.workspace[name] = np.array([2.0], np.float32)
+    g = graph_from_prototxt(filename, "TEST", net=net)
+    f, bare = pair(list(g.inputs), list(g.outputs), workspace=net.workspace)
+    args = [RNG.standard_normal([d for d in v.shape]).astype(np.float32) for v in g.inputs]
+    for got, want in zip(f(*args), bare(*args)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    return f, bare
+
+
+@pytest.mark.parametrize("path", DEPLOY_NETS, ids=lambda p: "/".join(Path(p).parts[-2:]))
+def test_every_model_gives_the_unoptimized_results(path):
+    _check_net(_small_batch(Path(path).read_text()), path)
+
+
+def test_resnet_block_folds_batch_norm_and_scale_through_the_caffe_frontend():
+    f, bare = _check_net(RESNET_BLOCK, "resnet_block.prototxt")
+    assert "batch_norm" in ops(bare) and "batch_norm" not in ops(f) and "conv" in ops(f)
+    (first,) = [n for n in f.graph.nodes if n.op.name == "conv_bias_act"]
+    assert first.attrs["act"] == "relu" and "layer 'relu1'" in first.source
+    residual = f.graph.nodes[ops(f).index("conv") + 1]        # conv2 + data, then relu: one kernel
+    assert residual.op.name == "fused_elementwise" and "layer 'relu2'" in residual.source
+    assert all("test_fuse.py" not in (n.source or "") for n in f.graph.nodes)

@@ -25,6 +25,7 @@ from cgvm.ops import elementwise_math as EM
 from cgvm.ops import linalg as L
 from cgvm.ops import loss as LS
 from cgvm.ops import pool as P
+from cgvm.ops import reduce as R
 from cgvm.ops import shape as S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,3 +211,83 @@ def test_cli_info_memory(tmp_path, capsys):
     assert cli_main(["info", "--memory", "--train", "--recompute", "sqrt", str(path)]) == 0
     text = capsys.readouterr().out
     assert "recomputation: activations" in text and "checkpoints" in text
+
+
+# ----------------------------------------------------------------------------- random graphs
+
+
+def random_graph(rng, n_nodes=40):
+    """A random DAG of elementwise, view, reduction and matmul ops with fan-out, over (8, 8) values."""
+    x = input_value(TensorType((8, 8)), "x")
+    values = [x]
+    for _ in range(n_nodes):
+        pick = rng.integers(0, 8)
+        a = values[rng.integers(max(0, len(values) - 6), len(values))]     # mostly recent values: long chains
+        b = values[rng.integers(0, len(values))]                            # sometimes old ones: long lifetimes
+        if pick == 0:
+            v = E.add(a, b)
+        elif pick == 1:
+            v = E.mul(a, 0.5)
+        elif pick == 2:
+            v = EM.tanh(a)
+        elif pick == 3:
+            v = S.transpose(a, perm=(1, 0))
+        elif pick == 4:
+            v = S.reshape(S.reshape(a, shape=(64,)), shape=(8, 8))
+        elif pick == 5:
+            v = L.matmul(a, b)
+        elif pick == 6:
+            v = E.sub(a, S.squeeze(S.expand_dims(E.mul(b, 0.1), axis=0), axis=0))
+        else:
+            v = EM.relu(E.sub(a, b))
+        values.append(v)
+    outputs = [values[-1]] + [values[i] for i in rng.choice(len(values) - 1, 2, replace=False) if i > 0]
+    return x, outputs
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_planned_buffers_never_clobber_live_values(seed):
+    rng = np.random.default_rng(seed)
+    x, outputs = random_graph(rng)
+    planned = cgvm.compile([x], outputs)
+    unplanned = cgvm.compile([x], outputs, plan=False, inplace=False)
+    arg = rng.standard_normal((8, 8)).astype(np.float32)
+    for _ in range(2):
+        for a, b in zip(planned(arg), unplanned(arg)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_both_allocators_keep_blocks_alive_together_apart(seed):
+    from cgvm.compiler import generate
+    from cgvm.compiler.memory import _arena, _lifetimes, _whole_storages, infer_slot_types
+
+    x, outputs = random_graph(np.random.default_rng(seed), n_nodes=60)
+    program = generate(run_passes(Graph([x], outputs)))
+    types = infer_slot_types(program, {program.input_slots[0]: TensorType((8, 8))})
+    blocks = _lifetimes(program, types, True).blocks
+    assert len(blocks) > 3
+    for where, sizes in (_arena(blocks), _whole_storages(blocks, 16)):
+        for i, a in enumerate(blocks):
+            sa, oa = where[i]
+            assert oa + a.nbytes <= sizes[sa]
+            for j, b in enumerate(blocks[:i]):
+                sb, ob = where[j]
+                if sa == sb and a.start <= b.end and b.start <= a.end:   # alive at one instruction, one storage
+                    assert oa + a.nbytes <= ob or ob + b.nbytes <= oa, (a, b, where[i], where[j])
+
+
+def test_a_freed_large_block_holds_several_small_values():
+    """ResNet's stem: a large activation, pooled, then blocks that keep three small values alive."""
+    x = input_value(TensorType((2, 8, 32, 32)), "x")
+    stem = E.mul(x, 2.0)                                   # 64 KiB
+    h = P.max_pool(stem, kernel=(2,), stride=(2,))         # 16 KiB, while the stem is still alive
+    for _ in range(3):
+        a = EM.tanh(h)
+        b = E.mul(a, 0.5)                                  # h, a and b alive together
+        h = E.add(E.add(b, a), h)
+    f = cgvm.compile([x], R.sum(h))
+    arg = np.random.default_rng(0).standard_normal((2, 8, 32, 32)).astype(np.float32)
+    np.testing.assert_allclose(f(arg), cgvm.compile([x], R.sum(h), plan=False)(arg), rtol=1e-5)
+    (plan,) = f.memory_plans().values()
+    assert plan.planned_bytes == 64 * 1024 + 16 * 1024    # whole buffers would need 64 + 3 x 16 KiB

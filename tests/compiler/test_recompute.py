@@ -25,7 +25,6 @@ from cgvm.ops import linalg as L
 from cgvm.ops import loss as LS
 from cgvm.ops import nn as NN
 from cgvm.ops import pool as P
-from cgvm.ops import reduce as R
 from cgvm.ops import shape as S
 
 ROOT = Path(__file__).resolve().parents[2]
