@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from .autodiff import grad
-from .function import compile
+from .compiled import compile
 from .ir import TensorType, input_value, param_value
 from .ops import elementwise as E
 from .ops import linalg as L

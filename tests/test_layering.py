@@ -4,7 +4,7 @@
     cgvm.ops        imports only cgvm.ir and cgvm.errors
     cgvm.autodiff   builds graphs with cgvm.ir and cgvm.ops only
     cgvm.backend    imports nothing of ir, ops, autodiff, compiler, vm, function, frontends
-    cgvm.vm         never imports cgvm.compiler, cgvm.function or the frontends
+    cgvm.vm         never imports cgvm.compiler, cgvm.compiled or the frontends
     cgvm.frontends  never import the VM's internals (cgvm.vm.interpreter, cgvm.vm.bytecode) or the
                     compiler's internals (its submodules; the cgvm.compiler package is public)
 
@@ -138,9 +138,9 @@ RULES = [
     Rule("cgvm.autodiff", allowed=("cgvm.ir", "cgvm.ops", "cgvm.errors"),
          why="autodiff builds graphs with the IR and ops only"),
     Rule("cgvm.backend", forbidden=("cgvm.ir", "cgvm.ops", "cgvm.autodiff", "cgvm.compiler", "cgvm.vm",
-                                    "cgvm.function", "cgvm.frontends"),
+                                    "cgvm.compiled", "cgvm.frontends"),
          why="backends run kernels and know nothing of graphs"),
-    Rule("cgvm.vm", forbidden=("cgvm.compiler", "cgvm.function", "cgvm.frontends"),
+    Rule("cgvm.vm", forbidden=("cgvm.compiler", "cgvm.compiled", "cgvm.frontends"),
          why="the VM runs programs; it does not compile them"),
     Rule("cgvm.frontends", forbidden=("cgvm.vm.interpreter", "cgvm.vm.bytecode", "cgvm.compiler.*"),
          why="frontends never touch the VM's or the compiler's internals"),
@@ -165,7 +165,7 @@ def test_the_parser_sees_the_imports_we_know_of():
     assert "cgvm.errors" in by_module["cgvm.ir.graph"]
     assert "cgvm.ir.opschema" in by_module["cgvm.ops.registry"]
     assert "cgvm.ops.shape" in by_module["cgvm.autodiff"]  # `from .ops import shape as shp`
-    assert "cgvm.vm.interpreter" in by_module["cgvm.function"]
+    assert "cgvm.vm.interpreter" in by_module["cgvm.compiled"]
 
 
 def test_resolution_of_relative_and_package_imports():

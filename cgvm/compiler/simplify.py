@@ -443,6 +443,8 @@ def _fold_scale_shift(conv: Node, node: Node, scale: Optional[Value], shift: Opt
     w = conv.inputs[1]
     b = conv.inputs[2] if len(conv.inputs) > 2 else None
     y = conv.outputs[0]
+    if w.shape[0] is None:
+        return None
     parts = [w, scale, shift] + ([b] if b is not None else [])
     if all(p is None or p.kind == CONST for p in parts):
         dt = w.dtype.np

@@ -289,7 +289,7 @@ def _time(args: argparse.Namespace) -> int:
 
 def _time_whole_net(net: Any, n: int, sync) -> None:
     """How cgvm really runs the net: forward and backward compiled into one program (as a solver step)."""
-    from cgvm.function import Function
+    from cgvm.compiled import Function
 
     try:
         tg = net.training_graph()

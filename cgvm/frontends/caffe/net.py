@@ -35,7 +35,7 @@ from cgvm.frontends.caffe.fillers import fill
 from cgvm.frontends.caffe.filter import filter_net, insert_splits, layer_included
 from cgvm.frontends.caffe.layers import AUTO_TOP_TYPES, CONVERTERS, DATA_LAYERS, LOSS_TYPES
 from cgvm.frontends.caffe.prototxt import describe_fork_extension, read_net_with_lines
-from cgvm.function import Function
+from cgvm.compiled import Function
 from cgvm.ir import TensorType, Value, param_value, source_scope
 from cgvm.ir.builder import rebuild
 from cgvm.ops import elementwise as ew

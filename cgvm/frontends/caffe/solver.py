@@ -26,7 +26,7 @@ from cgvm.frontends.caffe import weights as _weights
 from cgvm.frontends.caffe.errors import CaffeError
 from cgvm.frontends.caffe.io import array_to_blobproto, blobproto_to_array
 from cgvm.frontends.caffe.prototxt import read_solver, read_solver_state, write_solver_state
-from cgvm.function import Function
+from cgvm.compiled import Function
 from cgvm.ir import TensorType, input_value, param_value
 from cgvm.ops import elementwise as ew
 from cgvm.ops import shape as shp

@@ -120,7 +120,7 @@ class Metric:
         key = (t.shape, t.dtype.name, p.shape)
         fn = self._fns.get(key)
         if fn is None:
-            from ...function import compile as cg_compile
+            from ...compiled import compile as cg_compile
 
             tv = input_value(TensorType(t.shape, t.dtype.name), "y_true")
             pv = input_value(TensorType(p.shape, "float32"), "y_pred")

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...autodiff import grad
 from ...errors import GraphBuildError
-from ...function import compile as cg_compile
+from ...compiled import compile as cg_compile
 from ...ir.graph import Value, input_value
 from ...ir.types import TensorType
 from ...ops import elementwise as ew

@@ -14,7 +14,7 @@ import numpy as np
 
 from ... import autodiff
 from ...errors import GradientError
-from ...ir.graph import CONST
+from ...ir.graph import CONST, Value
 from ...ops import grad_control
 from .config import config
 from .var import TensorVariable, as_tensor_variable, wrap
@@ -48,8 +48,14 @@ def _zeros_for(v: TensorVariable) -> TensorVariable:
 def grad(cost: Any, wrt: Any, consider_constant: Optional[Sequence[Any]] = None,
          disconnected_inputs: str = "raise", add_names: bool = True, known_grads: Optional[Dict[Any, Any]] = None,
          return_disconnected: str = "zero", null_gradients: str = "raise") -> Any:
-    """Symbolic gradient of a scalar ``cost`` with respect to ``wrt`` (a variable or a list)."""
+    """Symbolic gradient of a scalar ``cost`` with respect to ``wrt`` (a variable or a list).
+
+    Also takes plain IR Values (what the other frontends hand out): gradients of a Value cost
+    come back as Values, so ``cgvm.grad`` serves every frontend.
+    """
     from . import tensor as basic
+
+    plain = isinstance(cost, Value)
 
     if disconnected_inputs not in ("raise", "warn", "ignore"):
         raise ValueError(f"disconnected_inputs must be 'raise', 'warn' or 'ignore', got {disconnected_inputs!r}")
@@ -66,7 +72,7 @@ def grad(cost: Any, wrt: Any, consider_constant: Optional[Sequence[Any]] = None,
     elif not known_grads:
         raise ValueError("grad: cost is None and no known_grads were given")
     single = not isinstance(wrt, (list, tuple))
-    wrt_list = [wrt] if single else list(wrt)
+    wrt_list = [as_tensor_variable(w) if isinstance(w, Value) else w for w in ([wrt] if single else wrt)]
     for w in wrt_list:
         if not isinstance(w, TensorVariable):
             raise TypeError(f"grad: wrt must be symbolic variables, got {type(w).__name__}")
@@ -101,6 +107,8 @@ def grad(cost: Any, wrt: Any, consider_constant: Optional[Sequence[Any]] = None,
         if disconnected_inputs == "warn":
             warnings.warn(msg, stacklevel=2)
         out.append(_zeros_for(w) if return_disconnected == "zero" else None)
+    if plain:
+        out = [o.value if isinstance(o, TensorVariable) else o for o in out]
     return out[0] if single else out
 
 

@@ -272,7 +272,7 @@ def _as_tensor(x: Any) -> Any:
 
 def _call_eagerly(layer: Layer, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """``layer(ndarray)``: build a one-off graph over input Values, run it, return arrays."""
-    from ....function import compile as cg_compile
+    from ....compiled import compile as cg_compile
 
     arrays: List[np.ndarray] = []
     inputs: List[Value] = []
