@@ -1,5 +1,5 @@
-
-
+"""The Theano-style names at cgvm's top level."""
+import numpy as np
 def test_theano_names_at_the_top_level():
     """Issue 3: cgvm.function, cgvm.grad, cgvm.scan, cgvm.shared, cgvm.tensor are the Theano-style ones."""
     import cgvm
