@@ -47,9 +47,12 @@ def _roundtrip_compiled_graphs(request, monkeypatch):
 
 def _check_first_call_against_reference(function):
     """The first call of every compiled function in the suite is also run by eval_graph, the IR
-    interpreter, on the graph as written (no passes, no planning): outputs and updates must agree."""
+    interpreter, on the graph as written (no passes, no planning): outputs and updates must agree.
+    Off with ``CGVM_TEST_REFERENCE=0``."""
     if os.environ.get("CGVM_TEST_REFERENCE") == "0" or function.workspace.backend.name != "numpy":
         return
+    if any(n.op.name.startswith("caffe_python_layer") for n in function.source_graph.nodes):
+        return  # user Python code may keep state between calls: running it twice changes its results
     import numpy as np
 
     from cgvm import eval_graph
