@@ -21,7 +21,7 @@ from ..ir.types import DType, TensorType, result_dtype
 from . import reduce as red
 from . import shape as shp
 from .registry import BROADCAST, ELEMWISE, defop
-from .rules import broadcast_shapes
+from .rules import assign_out as _assign, broadcast_shapes
 
 # --------------------------------------------------------------------------- helpers
 
@@ -61,12 +61,6 @@ def _masked(g, mask):
     return where(mask, g, shp.zeros_like(g))
 
 
-def _assign(xp, out, value):
-    """Write ``value`` into ``out`` if a buffer was planned, else hand ``value`` back as an array."""
-    if out is None:
-        return xp.asarray(value)
-    out[...] = value
-    return out
 
 
 def _binary(name: str, ufunc: str, **kwargs):

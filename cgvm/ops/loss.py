@@ -22,17 +22,11 @@ from . import nn
 from . import reduce as red
 from . import shape as shp
 from .registry import OPAQUE, defop
-from .rules import broadcast_shapes, normalize_axis, require_float
+from .rules import (assign_out as _assign, broadcast_shapes, dims_agree as _dims_agree, normalize_axis, require_float)
 
 NORMALIZATIONS = ("FULL", "VALID", "BATCH_SIZE", "NONE")
 
 
-def _assign(xp, out, value):
-    """Write ``value`` into the planned buffer ``out``, or hand it back as an array when there is none."""
-    if out is None:
-        return xp.asarray(value)
-    out[...] = value
-    return out
 
 
 def _scalar(xp, value, dtype, out):
@@ -40,8 +34,6 @@ def _scalar(xp, value, dtype, out):
     return _assign(xp, out, xp.asarray(value, dtype=dtype))
 
 
-def _dims_agree(a: Optional[int], b: Optional[int]) -> bool:
-    return a is None or b is None or a == b
 
 
 def _unbroadcast(g: Value, x: Value) -> Value:

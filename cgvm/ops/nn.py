@@ -22,19 +22,11 @@ from . import shape as shp
 from .nn_norm import (  # noqa: F401  (re-exported: the nn family's normalization ops)
     ACROSS, WITHIN, batch_norm, batch_norm_grad, lrn, lrn_grad, lrn_window_sum)
 from .registry import INJECTIVE, OPAQUE, defop
-from .rules import normalize_axis, require_float
+from .rules import assign_out as _assign, dims_agree as _dims_agree, normalize_axis, require_float
 
 
-def _assign(xp, out, value):
-    """Write ``value`` into the planned buffer ``out``, or hand it back as an array when there is none."""
-    if out is None:
-        return xp.asarray(value)
-    out[...] = value
-    return out
 
 
-def _dims_agree(a: Optional[int], b: Optional[int]) -> bool:
-    return a is None or b is None or a == b
 
 
 # --------------------------------------------------------------------------- softmax, log_softmax

@@ -17,19 +17,11 @@ from . import elementwise as ew
 from . import reduce as red
 from . import shape as shp
 from .registry import OPAQUE, defop
-from .rules import normalize_axis, require_float
+from .rules import assign_out as _assign, dims_agree as _dims_agree, normalize_axis, require_float
 
 
-def _assign(xp, out, value):
-    """Write ``value`` into the planned buffer ``out``, or hand it back as an array when there is none."""
-    if out is None:
-        return xp.asarray(value)
-    out[...] = value
-    return out
 
 
-def _dims_agree(a: Optional[int], b: Optional[int]) -> bool:
-    return a is None or b is None or a == b
 
 
 def _add(a: Optional[Value], b: Optional[Value]) -> Optional[Value]:

@@ -89,3 +89,16 @@ def prod_dims(dims: Sequence[Dim]) -> Optional[int]:
             return None
         n *= d
     return n
+
+
+def assign_out(xp, out, value):
+    """A kernel's result: written into the planned buffer ``out``, or handed back as an array."""
+    if out is None:
+        return xp.asarray(value)
+    out[...] = value
+    return out
+
+
+def dims_agree(a: Dim, b: Dim) -> bool:
+    """Two dimensions can be equal (either is unknown, or both are the same)."""
+    return a is None or b is None or a == b

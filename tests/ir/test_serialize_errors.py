@@ -276,12 +276,12 @@ def test_not_a_proto():
 
 def test_checked_in_module_matches_a_fresh_generation():
     pytest.importorskip("grpc_tools", reason="grpcio-tools is needed to run protoc")
-    spec = importlib.util.spec_from_file_location("gen_cgvm_proto", REPO_ROOT / "scripts" / "gen_cgvm_proto.py")
+    spec = importlib.util.spec_from_file_location("gen_proto", REPO_ROOT / "scripts" / "gen_proto.py")
     generator = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generator)
-    fresh = generator.generate_source()
-    assert generator.OUTPUT_FILE.read_text(encoding="utf-8") == fresh, \
-        "cgvm/ir/cgvm_pb2.py is stale: run python scripts/gen_cgvm_proto.py"
+    fresh = generator.generate_source("cgvm")
+    assert generator.output_file("cgvm").read_text(encoding="utf-8") == fresh, \
+        "cgvm/ir/cgvm_pb2.py is stale: run python scripts/gen_proto.py cgvm"
 
 
 def test_checked_in_module_has_no_runtime_version_gate():

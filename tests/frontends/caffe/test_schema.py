@@ -147,14 +147,13 @@ def _serialized_descriptor(source: str) -> bytes:
 
 def test_checked_in_module_matches_a_fresh_generation():
     pytest.importorskip("grpc_tools")
-    spec = importlib.util.spec_from_file_location(
-        "gen_caffe_proto", REPO_ROOT / "scripts" / "gen_caffe_proto.py")
+    spec = importlib.util.spec_from_file_location("gen_proto", REPO_ROOT / "scripts" / "gen_proto.py")
     generator = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generator)
-    fresh = generator.generate_source()
+    fresh = generator.generate_source("caffe")
     checked_in = GENERATED.read_text(encoding="utf-8")
     assert _serialized_descriptor(fresh) == _serialized_descriptor(checked_in), (
-        "caffe_pb2.py is stale: run python scripts/gen_caffe_proto.py")
+        "caffe_pb2.py is stale: run python scripts/gen_proto.py caffe")
     if generator.protoc_version() in checked_in:  # same protoc: the whole text must agree
         assert fresh == checked_in
 
