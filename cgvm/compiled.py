@@ -9,6 +9,7 @@ and written to the Workspace after all outputs.
 from __future__ import annotations
 
 import builtins
+import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -87,7 +88,8 @@ class Function:
         self.graph = optimize(graph) if recompute is None else self.recompute_plan.graph
         self.program = generate(self.graph)
         self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
-        self.executable = Executable(self.program, self.workspace, planner=self.runtime.planner,
+        recyclable = range(self.n_outputs, self.n_outputs + len(self.update_names))
+        self.executable = Executable(self.program, self.workspace, planner=self.runtime.planner, recyclable=recyclable,
                                      infer=infer_slot_types, specialize=specialize, runtime=self.runtime, engine=engine)
         self._asarray = self.workspace.backend.asarray
         self._array_type = self.workspace.backend.xp.ndarray
@@ -118,9 +120,10 @@ class Function:
         lines.append(f"    fr = _get(({key}_ws.shape_epoch))")
         lines.append(f"    if fr is None: fr = _prepare([{', '.join(names)}])")
         lines.append(f"    r = fr.run({', '.join(names)})")
+        env["_update"] = self._apply_update
         for k, name in enumerate(self.update_names):
             env[f"_u{k}"] = name
-            lines.append(f"    _ws.set(_u{k}, r[{self.n_outputs + k}])")
+            lines.append(f"    _update(fr.recycle_bin, {k}, _u{k}, r[{self.n_outputs + k}])")
         if self.single:
             lines.append("    return r[0]")
         else:
@@ -129,6 +132,21 @@ class Function:
         # the call path becomes this instance's __call__ (a per-instance subclass): no extra Python layer
         self.__class__ = type("Function", (Function,), {"__call__": env["call"], "__module__": __name__})
         return env["call"].__get__(self)
+
+    def _apply_update(self, bin: list, k: int, name: str, new: Any) -> None:
+        """Bind parameter ``name`` to its new value; recycle the old array as the next update's buffer.
+
+        The old array is reused only when nothing but the workspace held it (no user reference,
+        view or DLPack export), so an update never writes into memory someone can still see.
+        """
+        data = self.workspace._data
+        old = data.get(name)
+        self.workspace.set(name, new)
+        if bin and bin[k] is not False:
+            reusable = (old is not None and old is not new and sys.getrefcount(old) == 2 and old.base is None
+                        and old.shape == new.shape and old.dtype == new.dtype and old.flags.c_contiguous
+                        and old.flags.writeable)
+            bin[k] = old if reusable else None
 
     def _convert(self, i: int, a: Any) -> Any:
         want = self._in_dtypes[i]

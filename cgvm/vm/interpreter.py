@@ -28,15 +28,18 @@ ENGINES = ("threaded", "loop")
 class Frame:
     """What one input signature needs: slot types, memory plan, buffers and the runnable code."""
 
-    __slots__ = ("run", "types", "plan", "buffers", "code", "line_pc")
+    __slots__ = ("run", "types", "plan", "buffers", "code", "line_pc", "recycle_bin")
 
-    def __init__(self, run, types, plan, buffers, code=None, line_pc=None):
+    def __init__(self, run, types, plan, buffers, code=None, line_pc=None, recycle_bin=None):
         self.run = run            # run(*inputs) -> tuple of outputs
         self.types = types
         self.plan = plan
         self.buffers = buffers
         self.code = code          # loop engine: lowered tuples
         self.line_pc = line_pc    # threaded engine: line number -> pc
+        # one entry per recyclable output (see Executable.recyclable): a buffer its kernel may
+        # write into on the next call, refilled by the caller; None means allocate, False never
+        self.recycle_bin = recycle_bin if recycle_bin is not None else []
 
 
 class Executable:
@@ -44,7 +47,7 @@ class Executable:
 
     def __init__(self, program: Program, workspace: Workspace, *, planner: Optional[Planner] = None,
                  infer: Optional[Callable] = None, specialize: Optional[Callable] = None, runtime: Any = None,
-                 engine: str = "threaded"):
+                 engine: str = "threaded", recyclable: Sequence[int] = ()):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.program = program
@@ -58,6 +61,9 @@ class Executable:
         self.planner = planner
         self.infer = infer
         self.specialize = specialize  # (program, slot types) -> program for this signature
+        # output positions whose previous buffers the caller hands back for reuse (parameter
+        # updates: the old value of a parameter becomes the buffer of its next update)
+        self.recyclable = tuple(recyclable)
         self.frames: Dict[Any, Frame] = {}
         self._consts = {s: self.backend.asarray(a) for s, a in program.const_slots}
 
@@ -114,12 +120,32 @@ class Executable:
                     views[s] = buffers[sid][start:start + t.nbytes].view(t.dtype.np).reshape(t.shape)
         scalar_outputs = [s for s in prog.output_slots if types[s].ndim == 0]
         if self.engine == "threaded":
+            recycled = self._recycled_slots(prog, types)
+            # False marks outputs whose kernel cannot take a buffer in this frame: never refilled
+            recycle_bin: List[Any] = [None if i in recycled.values() else False
+                                      for i in range(len(self.recyclable))]
             run, line_pc = lower(prog, self.kernels, views, self._consts, scalar_outputs,
                                  self.backend.xp.asarray, self.workspace._data,
-                                 lambda exc, lp: self._threaded_error(exc, lp, prog))
-            return Frame(run, types, plan, buffers, line_pc=line_pc)
+                                 lambda exc, lp: self._threaded_error(exc, lp, prog), recycled, recycle_bin)
+            return Frame(run, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
         code = self._lower_loop(prog, views)
         return Frame(self._loop_runner(prog, code, scalar_outputs), types, plan, buffers, code=code)
+
+    def _recycled_slots(self, prog: Program, types: Sequence[TensorType]) -> Dict[int, int]:
+        """Output slot -> recycle-bin index, for recyclable outputs a kernel writes into whole."""
+        produced = {}
+        for ins in prog.instrs:
+            if ins.opcode == CALL and len(ins.results) == 1:
+                produced[ins.results[0]] = prog.nodes[ins.node].op
+        out: Dict[int, int] = {}
+        slots = list(prog.output_slots)
+        for index, position in enumerate(self.recyclable):
+            s = slots[position]
+            op = produced.get(s)
+            if (op is not None and op.writes_out and not op.view and types[s].is_concrete
+                    and slots.count(s) == 1 and s not in out):
+                out[s] = index
+        return out
 
     # -- threaded engine ---------------------------------------------------------
     def _threaded_error(self, exc: BaseException, line_pc: Dict[int, int], prog: Program) -> None:

@@ -8,21 +8,26 @@ through the line number, so the hot path carries no bookkeeping.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .bytecode import CALL, FREE, Program
 
 
 def lower(program: Program, kernels: Sequence[Callable], views: Dict[int, Any], consts: Dict[int, Any],
           scalar_outputs: Sequence[int], asarray: Callable, params: Any,
-          on_error: Callable[[BaseException, Dict[int, int]], None]) -> Tuple[Callable, Dict[int, int]]:
+          on_error: Callable[[BaseException, Dict[int, int]], None],
+          recycled: Optional[Dict[int, int]] = None, recycle_bin: Optional[list] = None
+          ) -> Tuple[Callable, Dict[int, int]]:
     """Return ``(run, line_to_pc)``; ``run(*inputs)`` returns the tuple of output values.
 
     ``params`` is the workspace's dict; ``run`` reads parameters from it on every call.
+    ``recycled`` maps an output slot to an index of ``recycle_bin``: its kernel writes into
+    ``recycle_bin[index]`` (None: allocate), a buffer the caller refills between calls.
     ``on_error(exc, line_to_pc)`` is called (and raises) when an instruction fails; the
     try block costs nothing on the way through.
     """
-    env: Dict[str, Any] = {"_asarray": asarray, "_data": params, "_on_error": on_error}
+    env: Dict[str, Any] = {"_asarray": asarray, "_data": params, "_on_error": on_error, "_bin": recycle_bin}
+    recycled = recycled or {}
     lines: List[str] = []
     line_pc: Dict[int, int] = {}
     ins_names = ", ".join(f"s{s}" for s in program.input_slots)
@@ -52,6 +57,8 @@ def lower(program: Program, kernels: Sequence[Callable], views: Dict[int, Any], 
         if len(res) == 1 and res[0] in views:
             env[f"v{res[0]}"] = views[res[0]]
             call = f"k{pc}({args}, out=v{res[0]})" if args else f"k{pc}(out=v{res[0]})"
+        elif len(res) == 1 and res[0] in recycled and args:
+            call = f"k{pc}({args}, out=_bin[{recycled[res[0]]}])"
         else:
             call = f"k{pc}({args})"
         target = f"s{res[0]}" if len(res) == 1 else ", ".join(f"s{s}" for s in res)

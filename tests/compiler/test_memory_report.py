@@ -97,11 +97,14 @@ def test_simulated_allocations_match_tracemalloc():
     ws, x, y, logits, params = mlp(batch=128)
     step = sgd_step(ws, x, y, logits, params)
     args = data(128, (64,))
+    held = [ws[p.name] for p in params]  # a user holding the old weights: no recycling, updates are new arrays
     step(*args)                       # planned buffers are allocated here, before the traced call
+    held += [ws[p.name] for p in params]
     tracemalloc.start()
     step(*args)
     _, traced = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    del held
     rep = memory_report(step)
     dynamic = rep["peak"] - rep["weights"] - rep["constants"] - rep["inputs"] - rep["planned"]
     assert dynamic >= rep["outputs"]  # the updated weights are new arrays

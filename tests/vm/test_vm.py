@@ -147,3 +147,39 @@ def test_a_parameter_given_as_input_is_fed_not_read():
     w = param_value("w", TensorType((2,), "float64"))
     f = cgvm.compile([w], E.mul(w, 10.0), workspace=ws)
     np.testing.assert_allclose(f(np.array([1.0, 1.0])), [10.0, 10.0])
+
+
+def _sgd(ws, x):
+    w = param_value("w", TensorType((1000,), "float64"))
+    loss = R.sum(E.mul(E.mul(w, w), x))
+    return cgvm.compile([x], loss, workspace=ws, updates={w: E.sub(w, E.mul(cgvm.grad(loss, w), 0.1))})
+
+
+def test_parameter_updates_recycle_the_old_array_when_nobody_holds_it():
+    ws = cgvm.Workspace()
+    ws["w"] = np.ones(1000)
+    x = input_value(TensorType((1000,), "float64"), "x")
+    step = _sgd(ws, x)
+    xv = np.full(1000, 0.5)
+    ids = set()
+    expected = np.ones(1000)
+    for _ in range(6):
+        step(xv)
+        expected = expected - 0.1 * 2 * expected * xv
+        ids.add(id(ws["w"]))
+    np.testing.assert_allclose(ws["w"], expected)
+    assert len(ids) <= 3  # two buffers alternate once recycling starts
+
+
+def test_a_held_parameter_array_is_never_overwritten():
+    ws = cgvm.Workspace()
+    ws["w"] = np.ones(1000)
+    x = input_value(TensorType((1000,), "float64"), "x")
+    step = _sgd(ws, x)
+    xv = np.full(1000, 0.5)
+    history = []
+    for _ in range(5):
+        history.append(ws["w"])           # the user keeps every old value
+        step(xv)
+    for k, old in enumerate(history):
+        np.testing.assert_allclose(old, 0.9 ** k)  # each kept array still has its own step's value

@@ -212,7 +212,7 @@ def test_printing(tmp_path):
     f = theano.function([x], y)
     assert "[id" in theano.printing.debugprint(f, file="str")
     out = theano.printing.pydotprint(f, outfile=str(tmp_path / "g.svg"))
-    assert open(out).read().startswith("<svg")
+    assert "<svg" in open(out).read()[:400]  # Graphviz's output starts with an XML prolog
     dot = theano.printing.pydotprint(f, outfile=str(tmp_path / "g.dot"))
     assert "digraph" in open(dot).read()
     assert os.path.getsize(out) > 100
