@@ -293,7 +293,8 @@ class Net:
 
     def _ensure_blob(self, entry: str, shape: Sequence[int]) -> None:
         ws = self.workspace
-        shape = tuple(int(d) for d in shape)
+        # a dimension known only at run time (Filter's kept items) starts empty; forward stores the real blob
+        shape = tuple(0 if d is None else int(d) for d in shape)
         if entry not in ws or tuple(ws[entry].shape) != shape:
             ws.set(entry, np.zeros(shape, self.dtype))
         if entry + "@diff" not in ws or tuple(ws[entry + "@diff"].shape) != shape:
