@@ -511,6 +511,9 @@ class Net:
         if self.force_backward:
             data_tops = [v for i, _, v in build.versions if self._layers[i].data is not None]
             wrt += [v for v in list(build.leaves.values()) + data_tops if v.dtype.is_float]
+        else:  # as Caffe: a blob entering the range gets a diff when something learnable lies upstream of it
+            needs = self._blobs_needing_backward()
+            wrt += [v for name, v in build.leaves.items() if name in needs and v.dtype.is_float]
         gmap = grad_map(seeds, wrt) if seeds and wrt else {}
         blob_grads, blob_entries = [], []
         first_version: Dict[str, Value] = {}
@@ -534,6 +537,15 @@ class Net:
                       workspace=self.workspace, name=f"{self.name or 'net'}_backward_{lo}_{hi}")
         hit = self._functions[key] = (fn, blob_entries)
         return hit
+
+    def _blobs_needing_backward(self) -> set:
+        """Blobs computed from a learnable parameter (Caffe's blob_need_backward without force_backward)."""
+        needs: set = set()
+        for info in self._layers:
+            learnable = any(p.lr_mult != 0.0 for p in info.params)
+            if learnable or any(b in needs for b in info.bottoms):
+                needs.update(info.tops)
+        return needs
 
     def _backward(self, start: int, end: int) -> None:
         """Backward through layers start down to end (inclusive indices); param diffs accumulate."""

@@ -312,3 +312,32 @@ def test_every_shared_net_builds(path, tmp_path, monkeypatch):
         stages = _TEST_STAGES.get(os.path.basename(path), []) if phase == caffe.TEST else []
         net = Net(path, phase, stages=stages)
         assert net.outputs and all(net.blobs[b].count >= 1 for b in net.outputs)
+
+
+def test_partial_backward_gives_diffs_to_bottoms_that_need_backward(tmp_path):
+    """Caffe computes a bottom's diff wherever something learnable lies upstream, force_backward or not:
+    backward over [ip, loss] alone must still hand pool its diff (conv's weights are below it)."""
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(textwrap.dedent("""
+        name: "partial"
+        layer { name: "data" type: "Input" top: "data" top: "label"
+                input_param { shape { dim: 2 dim: 1 dim: 6 dim: 6 } shape { dim: 2 } } }
+        layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+                convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "gaussian" std: 0.5 } } }
+        layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+        layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+                inner_product_param { num_output: 4 weight_filler { type: "gaussian" std: 0.5 } } }
+        layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+    """))
+    net = caffe.Net(str(proto), caffe.TRAIN)
+    rng = np.random.default_rng(0)
+    net.blobs["data"].data[...] = rng.standard_normal((2, 1, 6, 6))
+    net.blobs["label"].data[...] = [1, 3]
+    net.forward()
+    net.backward()
+    full = net.blobs["pool"].diff.copy()
+    assert np.abs(full).sum() > 0
+    net.blobs["pool"].diff[...] = 0
+    net.backward(start="loss", end="ip")
+    np.testing.assert_allclose(net.blobs["pool"].diff, full, rtol=1e-6)
+    assert np.all(net.blobs["data"].diff == 0)  # nothing learnable above the input: no diff without force_backward
