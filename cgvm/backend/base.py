@@ -25,9 +25,6 @@ class Backend(ABC):
     def empty_bytes(self, nbytes: int) -> Any:
         return self.xp.empty(max(nbytes, 1), dtype=self.xp.uint8)
 
-    def is_array(self, x: Any) -> bool:
-        return isinstance(x, self.xp.ndarray)
-
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
 

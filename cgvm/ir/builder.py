@@ -92,7 +92,3 @@ def rebuild(outputs: Sequence[Value], replace: Mapping[int, Value]) -> list:
         for old, new in zip(node.outputs, new_outs):
             memo[id(old)] = new
     return [memo.get(id(v), v) for v in outputs]
-
-
-def concrete_type(shape: Sequence[int], dtype: Any) -> TensorType:
-    return TensorType(tuple(shape), DType(dtype))

@@ -11,7 +11,7 @@ rule of its own, built from ordinary ops, so every op here can be differentiated
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 from ..errors import DTypeError, ShapeError
 from ..ir.attrs import Bool, Float, Int
