@@ -117,3 +117,27 @@ def check_grad(case: Case, backend: str = "numpy") -> None:
         num = numeric_grad(scalar, inputs, k, case.eps)
         np.testing.assert_allclose(ws.backend.to_numpy(g), num, rtol=case.grad_rtol, atol=case.grad_atol,
                                    err_msg=f"{case.name}: gradient wrt input {k}")
+
+
+def second_order(build_cost: Callable[..., Any]) -> Callable[..., Any]:
+    """A case whose output is the gradient of a cost w.r.t. its first input (so check_grad checks 2nd order)."""
+    def build(*xs):
+        return cgvm.grad(build_cost(*xs), xs[0])
+    return build
+
+
+def spatial(v: Any, nsp: int) -> tuple:
+    """A per-spatial-axis attribute (one value for all axes, or one per axis) as a tuple."""
+    v = (v,) if isinstance(v, int) else tuple(v)
+    return v * nsp if len(v) == 1 else v
+
+
+def pad_pairs(pad: Any, nsp: int) -> list:
+    """Padding attributes (1 value, one per axis, or begins then ends) as (before, after) pairs."""
+    pad = (pad,) if isinstance(pad, int) else tuple(pad)
+    if len(pad) == 1:
+        return [(pad[0], pad[0])] * nsp
+    if len(pad) == nsp:
+        return [(p, p) for p in pad]
+    return list(zip(pad[:nsp], pad[nsp:]))
+

@@ -8,7 +8,7 @@ from cgvm.ir import TensorType, input_value
 from cgvm.ops import conv as CV
 from cgvm.ops import elementwise as E
 from cgvm.ops import reduce as R
-from harness import Case, check_case, check_grad
+from harness import Case, check_case, check_grad, pad_pairs, spatial
 
 rng = np.random.default_rng(7)
 
@@ -19,24 +19,12 @@ def r(*shape):
 
 # --------------------------------------------------------------------------- references (plain loops)
 
-def _spatial(v, nsp):
-    v = (v,) if isinstance(v, int) else tuple(v)
-    return v * nsp if len(v) == 1 else v
-
-
-def _pads(pad, nsp):
-    pad = (pad,) if isinstance(pad, int) else tuple(pad)
-    if len(pad) == 1:
-        return [(pad[0], pad[0])] * nsp
-    if len(pad) == nsp:
-        return [(p, p) for p in pad]
-    return list(zip(pad[:nsp], pad[nsp:]))
 
 
 def ref_conv(x, w, b=None, stride=1, pad=0, dilation=1, groups=1):
     """y[n, o, p] = b[o] + sum_{c in group(o), k} w[o, c, k] * x[n, c, p*s - pad + k*d] (zero outside)."""
     nsp = x.ndim - 2
-    s, d, pads = _spatial(stride, nsp), _spatial(dilation, nsp), _pads(pad, nsp)
+    s, d, pads = spatial(stride, nsp), spatial(dilation, nsp), pad_pairs(pad, nsp)
     xpad = np.pad(x, [(0, 0), (0, 0)] + pads)
     n, o, cg, ksize = x.shape[0], w.shape[0], w.shape[1], w.shape[2:]
     og = o // groups
@@ -57,7 +45,7 @@ def ref_conv(x, w, b=None, stride=1, pad=0, dilation=1, groups=1):
 def ref_conv_grad_input(g, w, in_sizes, stride=1, pad=0, dilation=1, groups=1):
     """Scatter: each g[n, o, p] adds w[o, c, k] * g to dx[n, c, p*s - pad + k*d] (dropped when outside)."""
     nsp = g.ndim - 2
-    s, d, pads = _spatial(stride, nsp), _spatial(dilation, nsp), _pads(pad, nsp)
+    s, d, pads = spatial(stride, nsp), spatial(dilation, nsp), pad_pairs(pad, nsp)
     n, o = g.shape[:2]
     cg, ksize = w.shape[1], w.shape[2:]
     og = o // groups
@@ -77,7 +65,7 @@ def ref_conv_grad_input(g, w, in_sizes, stride=1, pad=0, dilation=1, groups=1):
 def ref_conv_grad_weight(x, g, ksize, stride=1, pad=0, dilation=1, groups=1):
     """dw[o, c, k] = sum_{n, p} g[n, o, p] * x[n, group(o)*C/g + c, p*s - pad + k*d]."""
     nsp = x.ndim - 2
-    s, d, pads = _spatial(stride, nsp), _spatial(dilation, nsp), _pads(pad, nsp)
+    s, d, pads = spatial(stride, nsp), spatial(dilation, nsp), pad_pairs(pad, nsp)
     xpad = np.pad(x, [(0, 0), (0, 0)] + pads)
     o = g.shape[1]
     cg = x.shape[1] // groups
@@ -95,8 +83,8 @@ def ref_conv_grad_weight(x, g, ksize, stride=1, pad=0, dilation=1, groups=1):
 
 def ref_conv_transpose(x, w, b=None, stride=1, pad=0, dilation=1, groups=1, output_padding=0):
     nsp = x.ndim - 2
-    s, d, pads = _spatial(stride, nsp), _spatial(dilation, nsp), _pads(pad, nsp)
-    extra = _spatial(output_padding, nsp)
+    s, d, pads = spatial(stride, nsp), spatial(dilation, nsp), pad_pairs(pad, nsp)
+    extra = spatial(output_padding, nsp)
     sizes = [(x.shape[2 + i] - 1) * s[i] + d[i] * (w.shape[2 + i] - 1) + 1 - pads[i][0] - pads[i][1] + extra[i]
              for i in range(nsp)]
     y = ref_conv_grad_input(x, w, sizes, stride, pad, dilation, groups)

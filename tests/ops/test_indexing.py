@@ -8,7 +8,7 @@ from cgvm.ir import TensorType, input_value
 from cgvm.ops import elementwise as E
 from cgvm.ops import indexing as I
 from cgvm.ops import reduce as R
-from harness import Case, check_case, check_grad
+from harness import Case, check_case, check_grad, second_order
 
 rng = np.random.default_rng(11)
 
@@ -119,11 +119,6 @@ def test_gradients(case, backend):
     check_grad(case, backend)
 
 
-def _second_order(build_cost):
-    """A case whose output is the gradient of a cost w.r.t. its first input (so check_grad checks 2nd order)."""
-    def build(*xs):
-        return cgvm.grad(build_cost(*xs), xs[0])
-    return build
 
 
 def _take_second(a, i):
@@ -132,15 +127,15 @@ def _take_second(a, i):
 
 
 SECOND_ORDER = [
-    Case("slice_2nd", _second_order(lambda x: R.sum(E.exp(I.slice(x, starts=1, steps=2)))), [r(5)],
+    Case("slice_2nd", second_order(lambda x: R.sum(E.exp(I.slice(x, starts=1, steps=2)))), [r(5)],
          lambda a: np.where(np.arange(5) % 2 == 1, np.exp(a), 0).astype(np.float32), rtol=1e-4),
-    Case("set_subtensor_2nd", _second_order(lambda x, y: R.sum(E.exp(I.set_subtensor(x, E.mul(y, y), stops=2)))),
+    Case("set_subtensor_2nd", second_order(lambda x, y: R.sum(E.exp(I.set_subtensor(x, E.mul(y, y), stops=2)))),
          [r(4), r(2)], lambda a, b: np.where(np.arange(4) >= 2, np.exp(a), 0).astype(np.float32), rtol=1e-4),
-    Case("take_2nd", _second_order(lambda x, i: R.sum(E.exp(I.take(x, i, axis=0)))), [r(3, 2), ints(0, 2, 2)],
+    Case("take_2nd", second_order(lambda x, i: R.sum(E.exp(I.take(x, i, axis=0)))), [r(3, 2), ints(0, 2, 2)],
          _take_second, rtol=1e-4),
-    Case("advanced_index_2nd", _second_order(lambda x, i: R.sum(E.exp(I.advanced_index(x, i)))),
+    Case("advanced_index_2nd", second_order(lambda x, i: R.sum(E.exp(I.advanced_index(x, i)))),
          [r(3, 2), ints(0, 2, 2)], _take_second, rtol=1e-4),
-    Case("pad_reflect_2nd", _second_order(lambda x: R.sum(E.exp(I.pad(x, pads=(2, 1), mode="reflect")))), [r(3)],
+    Case("pad_reflect_2nd", second_order(lambda x: R.sum(E.exp(I.pad(x, pads=(2, 1), mode="reflect")))), [r(3)],
          lambda a: np.exp(a) * np.array([1, 3, 2], np.float32), rtol=1e-4),
 ]
 

@@ -8,7 +8,7 @@ from cgvm.ir import TensorType, input_value
 from cgvm.ops import elementwise as E
 from cgvm.ops import linalg as L
 from cgvm.ops import reduce as R
-from harness import Case, check_case, check_grad
+from harness import Case, check_case, check_grad, second_order
 
 rng = np.random.default_rng(3)
 
@@ -133,11 +133,6 @@ def test_gradients(case, backend):
     check_grad(case, backend)
 
 
-def _second_order(build_cost):
-    """A case whose output is the gradient of a cost w.r.t. its first input (so check_grad checks 2nd order)."""
-    def build(*xs):
-        return cgvm.grad(build_cost(*xs), xs[0])
-    return build
 
 
 def _squared(y):
@@ -146,14 +141,14 @@ def _squared(y):
 
 SECOND_ORDER = [
     # d/da sum((a b)^2) = 2 (a b) b^T
-    Case("matmul_2nd", _second_order(lambda a, b: _squared(L.matmul(a, b))), [r(2, 3), r(3, 2)],
+    Case("matmul_2nd", second_order(lambda a, b: _squared(L.matmul(a, b))), [r(2, 3), r(3, 2)],
          lambda a, b: 2 * (a @ b) @ b.T, rtol=1e-4),
-    Case("matmul_vec_2nd", _second_order(lambda a, b: _squared(L.matmul(a, b))), [r(3), r(2, 3, 2)],
+    Case("matmul_vec_2nd", second_order(lambda a, b: _squared(L.matmul(a, b))), [r(3), r(2, 3, 2)],
          lambda a, b: np.einsum("bj,bkj->k", 2 * matmul_reference(a, b), b), rtol=1e-4),
-    Case("gemm_2nd", _second_order(lambda a, b, c: _squared(L.gemm(a, b, c, trans_a=True, trans_b=True, alpha=2.0))),
+    Case("gemm_2nd", second_order(lambda a, b, c: _squared(L.gemm(a, b, c, trans_a=True, trans_b=True, alpha=2.0))),
          [r(3, 2), r(2, 3), r(2)],
          lambda a, b, c: (2 * 2 * (gemm_reference(a, b, c, True, True, 2.0)) @ b).T, rtol=1e-4),
-    Case("tensordot_2nd", _second_order(lambda a, b: _squared(L.tensordot(a, b, axes=((0, 2), (2, 0))))),
+    Case("tensordot_2nd", second_order(lambda a, b: _squared(L.tensordot(a, b, axes=((0, 2), (2, 0))))),
          [r(2, 3, 4), r(4, 5, 2)],
          lambda a, b: np.einsum("jm,kmi->ijk", 2 * np.einsum("ijk,kmi->jm", a, b), b), rtol=1e-4),
 ]

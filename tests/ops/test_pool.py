@@ -10,7 +10,7 @@ from cgvm.ir import TensorType, input_value
 from cgvm.ops import elementwise as E
 from cgvm.ops import pool as P
 from cgvm.ops import reduce as R
-from harness import Case, check_case, check_grad
+from harness import Case, check_case, check_grad, pad_pairs, spatial
 
 rng = np.random.default_rng(11)
 
@@ -21,18 +21,6 @@ def r(*shape):
 
 # --------------------------------------------------------------------------- reference (Caffe's loops)
 
-def _spatial(v, nsp):
-    v = (v,) if isinstance(v, int) else tuple(v)
-    return v * nsp if len(v) == 1 else v
-
-
-def _pads(pad, nsp):
-    pad = (pad,) if isinstance(pad, int) else tuple(pad)
-    if len(pad) == 1:
-        return [(pad[0], pad[0])] * nsp
-    if len(pad) == nsp:
-        return [(p, p) for p in pad]
-    return list(zip(pad[:nsp], pad[nsp:]))
 
 
 def ref_out_size(n, k, s, pad_begin, pad_end, ceil_mode):
@@ -47,9 +35,9 @@ def ref_out_size(n, k, s, pad_begin, pad_end, ceil_mode):
 def ref_pool(x, kernel, stride=None, pad=0, ceil_mode=False, mode="max", count_include_pad=True):
     """Returns (pooled, mask) for max, pooled for avg; windows as in Caffe's pooling_layer.cpp."""
     nsp = x.ndim - 2
-    k = _spatial(kernel, nsp)
-    s = _spatial(stride if stride is not None else kernel, nsp)
-    pads = _pads(pad, nsp)
+    k = spatial(kernel, nsp)
+    s = spatial(stride if stride is not None else kernel, nsp)
+    pads = pad_pairs(pad, nsp)
     sizes = x.shape[2:]
     outs = [ref_out_size(sizes[i], k[i], s[i], pads[i][0], pads[i][1], ceil_mode) for i in range(nsp)]
     y = np.zeros(x.shape[:2] + tuple(outs), x.dtype)

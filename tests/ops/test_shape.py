@@ -9,7 +9,7 @@ from cgvm.ops import creation as C
 from cgvm.ops import elementwise as E
 from cgvm.ops import reduce as R
 from cgvm.ops import shape as S
-from harness import Case, check_case, check_grad
+from harness import Case, check_case, check_grad, second_order
 
 rng = np.random.default_rng(7)
 
@@ -137,21 +137,16 @@ def test_gradients(case, backend):
     check_grad(case, backend)
 
 
-def _second_order(build_cost):
-    """A case whose output is the gradient of a cost w.r.t. its first input (so check_grad checks 2nd order)."""
-    def build(*xs):
-        return cgvm.grad(build_cost(*xs), xs[0])
-    return build
 
 
 SECOND_ORDER = [
-    Case("reshape_transpose_2nd", _second_order(
+    Case("reshape_transpose_2nd", second_order(
         lambda x: R.sum(E.mul(E.exp(S.reshape(S.transpose(x), shape=(-1,))), S.flatten(S.transpose(x), axis=0)))),
         [r(2, 3)], lambda a: np.exp(a) * (1 + a), rtol=1e-4),
-    Case("concat_split_2nd", _second_order(
+    Case("concat_split_2nd", second_order(
         lambda x: R.sum(E.exp(first(S.split(S.concat(x, x, axis=0), axis=0, sizes=(3, 1)))))),
         [r(2, 2)], lambda a: np.exp(a) * np.array([[2.0], [1.0]]), rtol=1e-4),
-    Case("tile_stack_2nd", _second_order(lambda x: R.sum(E.exp(S.stack(S.tile(x, reps=(2,)), S.concat(x, x))))),
+    Case("tile_stack_2nd", second_order(lambda x: R.sum(E.exp(S.stack(S.tile(x, reps=(2,)), S.concat(x, x))))),
          [r(3)], lambda a: np.exp(a) * 4, rtol=1e-4),
 ]
 
