@@ -141,3 +141,12 @@ def pad_pairs(pad: Any, nsp: int) -> list:
         return [(p, p) for p in pad]
     return list(zip(pad[:nsp], pad[nsp:]))
 
+
+def run_op(build: Callable[..., Any], inputs: Sequence[np.ndarray], backend: str = "numpy") -> list:
+    """Compile ``build`` over inputs shaped like ``inputs`` and return its outputs as NumPy arrays."""
+    xs = [input_value(TensorType(a.shape, a.dtype), f"x{i}") for i, a in enumerate(inputs)]
+    outs = _as_tuple(build(*xs))
+    ws = cgvm.Workspace(backend)
+    f = cgvm.compile(xs, list(outs), workspace=ws)
+    return [ws.backend.to_numpy(v) for v in f(*[ws.backend.asarray(a) for a in inputs])]
+

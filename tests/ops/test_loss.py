@@ -9,7 +9,7 @@ from cgvm.ir import TensorType, input_value
 from cgvm.ops import elementwise as E
 from cgvm.ops import loss as L
 from cgvm.ops import reduce as R
-from harness import Case, check_case, check_grad
+from harness import Case, check_case, check_grad, run_op
 
 rng = np.random.default_rng(11)
 
@@ -325,13 +325,6 @@ def test_gradients(case, backend):
 
 # --------------------------------------------------------------------------- properties
 
-def _run(build, inputs, backend):
-    xs = [input_value(TensorType(a.shape, a.dtype), f"x{i}") for i, a in enumerate(inputs)]
-    outs = build(*xs)
-    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-    ws = cgvm.Workspace(backend)
-    f = cgvm.compile(xs, outs, workspace=ws)
-    return [ws.backend.to_numpy(v) for v in f(*[ws.backend.asarray(a) for a in inputs])]
 
 
 def test_softmax_loss_ignoring_each_label_sums_to_four_times_the_loss(backend):
@@ -340,13 +333,13 @@ def test_softmax_loss_ignoring_each_label_sums_to_four_times_the_loss(backend):
     x, t = r(10, 5, 2, 3), labels(10, 1, 2, 3, classes=5)
     build = lambda x, t: [L.softmax_cross_entropy(x, t, normalization="BATCH_SIZE")] + [
         L.softmax_cross_entropy(x, t, ignore_label=i, normalization="BATCH_SIZE") for i in range(5)]
-    full, *partial = _run(build, [x, t], backend)
+    full, *partial = run_op(build, [x, t], backend)
     np.testing.assert_allclose(sum(partial), 4 * full, rtol=1e-5)
 
 
 def test_softmax_loss_gradient_is_softmax_minus_onehot(backend):
     x, t = r(3, 4), np.array([0, 3, 3])
-    (dx,) = _run(lambda x, t: cgvm.grad(L.softmax_cross_entropy(x, t, ignore_label=0), x), [x, t], backend)
+    (dx,) = run_op(lambda x, t: cgvm.grad(L.softmax_cross_entropy(x, t, ignore_label=0), x), [x, t], backend)
     p = np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)
     want = (p - np.eye(4)[t]) / 2
     want[0] = 0                       # the ignored position gets no gradient
@@ -356,9 +349,9 @@ def test_softmax_loss_gradient_is_softmax_minus_onehot(backend):
 def test_sigmoid_loss_default_normalizes_by_batch(backend):
     """Caffe's SigmoidCrossEntropyLoss default: divide by N, not by the element count."""
     x, t = r(4, 6), probs(4, 6, lo=0, hi=1)
-    (batch,), (full,) = (_run(lambda x, t: L.sigmoid_cross_entropy(x, t, normalization=m), [x, t], backend)
+    (batch,), (full,) = (run_op(lambda x, t: L.sigmoid_cross_entropy(x, t, normalization=m), [x, t], backend)
                          for m in ("BATCH_SIZE", "FULL"))
-    (default,) = _run(L.sigmoid_cross_entropy, [x, t], backend)
+    (default,) = run_op(L.sigmoid_cross_entropy, [x, t], backend)
     np.testing.assert_allclose(default, batch)
     np.testing.assert_allclose(batch, 6 * full, rtol=1e-5)
 
@@ -366,7 +359,7 @@ def test_sigmoid_loss_default_normalizes_by_batch(backend):
 def test_contrastive_identical_dissimilar_pair_has_zero_gradient(backend):
     a = r(2, 3)
     y = np.array([0, 0], np.float32)
-    loss, da = _run(lambda a, b, y: (L.contrastive(a, b, y), cgvm.grad(L.contrastive(a, b, y), a)),
+    loss, da = run_op(lambda a, b, y: (L.contrastive(a, b, y), cgvm.grad(L.contrastive(a, b, y), a)),
                     [a, a.copy(), y], backend)
     np.testing.assert_allclose(loss, 0.5)          # max(1 - 0, 0)^2 per pair, / (2 N) with N = 2
     np.testing.assert_array_equal(da, 0.0)
@@ -376,7 +369,7 @@ def test_loss_weight_scales_loss_and_gradient(backend):
     """Caffe's test_net: a loss weight of 3.7 scales the loss and every gradient by 3.7."""
     a, b = r(4, 3), r(4, 3)
     build = lambda a, b: (E.mul(L.euclidean(a, b), 3.7), cgvm.grad(E.mul(L.euclidean(a, b), 3.7), a))
-    loss, da = _run(build, [a, b], backend)
+    loss, da = run_op(build, [a, b], backend)
     np.testing.assert_allclose(loss, 3.7 * euclidean_ref(a, b), rtol=1e-5)
     np.testing.assert_allclose(da, 3.7 * (a - b) / 4, rtol=1e-5)
 

@@ -9,7 +9,7 @@ from cgvm.ir import TensorType, input_value
 from cgvm.ops import elementwise as E
 from cgvm.ops import nn
 from cgvm.ops import reduce as R
-from harness import Case, check_case, check_grad
+from harness import Case, check_case, check_grad, run_op
 
 rng = np.random.default_rng(7)
 
@@ -288,25 +288,18 @@ def test_gradients(case, backend):
 
 # --------------------------------------------------------------------------- properties
 
-def _run(build, inputs, backend):
-    xs = [input_value(TensorType(a.shape, a.dtype), f"x{i}") for i, a in enumerate(inputs)]
-    outs = build(*xs)
-    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-    ws = cgvm.Workspace(backend)
-    f = cgvm.compile(xs, outs, workspace=ws)
-    return [ws.backend.to_numpy(v) for v in f(*[ws.backend.asarray(a) for a in inputs])]
 
 
 def test_softmax_sums_to_one_per_position(backend):
     """Caffe's test_softmax_layer: for every (n, h, w) the channel values sum to 1."""
-    (y,) = _run(nn.softmax, [r(2, 10, 2, 3)], backend)
+    (y,) = run_op(nn.softmax, [r(2, 10, 2, 3)], backend)
     np.testing.assert_allclose(y.sum(axis=1), 1.0, rtol=1e-5)
 
 
 def test_batch_norm_training_output_is_standardized(backend):
     """Caffe's test_batch_norm_layer: per channel mean 0 and variance 1 (within 1e-3)."""
     x = r(5, 2, 3, 4) * 3 + 2
-    y, mean, var = _run(lambda x, m, v: nn.batch_norm(x, m, v, training=True),
+    y, mean, var = run_op(lambda x, m, v: nn.batch_norm(x, m, v, training=True),
                         [x, np.zeros(2, np.float32), np.ones(2, np.float32)], backend)
     np.testing.assert_allclose(y.mean(axis=(0, 2, 3)), 0.0, atol=1e-3)
     np.testing.assert_allclose(y.var(axis=(0, 2, 3)), 1.0, atol=1e-3)
@@ -318,7 +311,7 @@ def test_dropout_keeps_about_one_minus_ratio_scaled(ratio, backend):
     """Caffe's test_neuron_layer: survivors equal x / (1 - p); the fraction kept is about 1 - p."""
     x = positive(200, 50)
     seeds = [np.array(s, np.int64) for s in (1, 2)]
-    y1, y2, g = _run(lambda x, s1, s2: (nn.dropout(x, s1, ratio=ratio), nn.dropout(x, s2, ratio=ratio),
+    y1, y2, g = run_op(lambda x, s1, s2: (nn.dropout(x, s1, ratio=ratio), nn.dropout(x, s2, ratio=ratio),
                                         nn.dropout_grad(x, s1, ratio=ratio)), [x] + seeds, backend)
     kept = y1 != 0
     np.testing.assert_allclose(y1[kept], x[kept] / (1 - ratio), rtol=1e-6)
@@ -329,7 +322,7 @@ def test_dropout_keeps_about_one_minus_ratio_scaled(ratio, backend):
 
 def test_dropout_without_scale_train(backend):
     x = positive(50, 20)
-    (y,) = _run(lambda x, s: nn.dropout(x, s, ratio=0.4, scale_train=False), [x, SEED], backend)
+    (y,) = run_op(lambda x, s: nn.dropout(x, s, ratio=0.4, scale_train=False), [x, SEED], backend)
     kept = y != 0
     np.testing.assert_array_equal(y[kept], x[kept])
 
@@ -342,14 +335,14 @@ def test_batch_norm_gradient_through_statistics_sums_to_zero(backend):
     """With the full backward pass, dx sums to 0 per channel (the mean is subtracted out)."""
     x = r(4, 3, 2, 2)
     build = lambda x, m, v: cgvm.grad(R.sum(E.mul(nn.batch_norm(x, m, v, training=True)[0], r(4, 3, 2, 2))), x)
-    (dx,) = _run(build, [x, np.zeros(3, np.float32), np.ones(3, np.float32)], backend)
+    (dx,) = run_op(build, [x, np.zeros(3, np.float32), np.ones(3, np.float32)], backend)
     np.testing.assert_allclose(dx.sum(axis=(0, 2, 3)), 0.0, atol=1e-5)
 
 
 def test_embedding_gradient_accumulates_repeats(backend):
     w = r(4, 2)
     idx = np.array([1, 1, 1, 3], np.int64)
-    (dw,) = _run(lambda i, w: cgvm.grad(R.sum(nn.embedding(i, w)), w), [idx, w], backend)
+    (dw,) = run_op(lambda i, w: cgvm.grad(R.sum(nn.embedding(i, w)), w), [idx, w], backend)
     np.testing.assert_array_equal(dw, [[0, 0], [3, 3], [0, 0], [1, 1]])
 
 
