@@ -17,6 +17,7 @@ from ..errors import DTypeError, ShapeError
 from ..ir.attrs import Bool, Float, Int
 from ..ir.types import TensorType
 from . import elementwise as ew
+from . import indexing
 from . import reduce as red
 from . import shape as shp
 from .nn_norm import (  # noqa: F401  (re-exported: the nn family's normalization ops)
@@ -231,16 +232,6 @@ def _(node, g):
     return [None, embedding_grad(g, indices, weights)]
 
 
-def _scatter_add_rows(xp, target, rows, values) -> None:
-    """target[rows] += values, adding repeated rows up (NumPy's ufunc.at; CuPy has cupyx.scatter_add)."""
-    if hasattr(xp.add, "at"):
-        xp.add.at(target, rows, values)
-    else:
-        import cupyx
-
-        cupyx.scatter_add(target, rows, values)
-
-
 embedding_grad = defop("embedding_grad", num_inputs=3, pattern=OPAQUE,
                        infer=lambda types: TensorType(types[2].shape, types[0].dtype),
                        doc="embedding_grad(g, indices, weights): zeros like weights with the rows of g added at "
@@ -254,7 +245,7 @@ def _(xp, g, indices, weights, out=None):
     else:
         out.fill(0)
     rows = indices.reshape(-1)
-    _scatter_add_rows(xp, out, rows, g.reshape((rows.size,) + tuple(weights.shape[1:])))
+    indexing.scatter_add(xp, out, rows, g.reshape((rows.size,) + tuple(weights.shape[1:])))
     return out
 
 
