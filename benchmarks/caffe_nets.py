@@ -52,7 +52,7 @@ LENET_TRAIN = """
 name: "LeNetBench"
 layer { name: "data" type: "DummyData" top: "data" top: "label"
   dummy_data_param { shape { dim: 64 dim: 1 dim: 28 dim: 28 } shape { dim: 64 }
-                     data_filler { type: "gaussian" std: 1 } data_filler { type: "constant" value: 3 } } }
+                     data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 9.99 } } }
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
   convolution_param { num_output: 20 kernel_size: 5 weight_filler { type: "xavier" } } }
 layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
@@ -87,7 +87,7 @@ def lenet_train_row() -> Row:
                               nn.Flatten(), nn.Linear(800, 500), nn.ReLU(), nn.Linear(500, 10))
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=0.0005)
         x = torch.randn(64, 1, 28, 28)
-        y = torch.full((64,), 3, dtype=torch.long)
+        y = torch.randint(0, 10, (64,))  # random labels on both sides: a constant label trains to denormal gradients
 
         def torch_step():
             opt.zero_grad()
