@@ -159,13 +159,13 @@ def _tiled_grad(xp: Any, x: Any, g: Any, geo: PoolGeometry, out: Optional[Any]) 
     elif not exact:
         out[...] = 0
     result = (out if exact else out[tiled]).reshape(split)  # a view: tiled parts of out are contiguous runs
+    taken = xp.zeros(best.shape, dtype=bool)
     hit = xp.empty(best.shape, dtype=bool)
-    last = len(offsets) - 1
-    for i, kk in enumerate(offsets):
+    for kk in offsets:
         xp.equal(at(xr, kk), best, out=hit)
+        xp.logical_and(hit, xp.logical_not(taken), out=hit)
+        xp.logical_or(taken, hit, out=taken)
         xp.multiply(hit, g, out=at(result, kk))
-        if i < last:  # a window's maximum is taken: no later element can equal it (first maximum wins)
-            xp.copyto(best, xp.nan, where=hit)
     return out
 
 
