@@ -252,7 +252,7 @@ def compile_time(n: int) -> Row:
 
 def rows(quick: bool = False) -> List[Row]:
     out = [call_overhead(), chain(1000, 1, 20 if quick else 100), chain(100, 10_000, 50 if quick else 200)]
-    for r in (mlp_step(), conv2d_forward()):
+    for r in (mlp_step(), conv2d_forward(), dlpack_exchange()):
         if r is not None:
             out.append(r)
     from . import rnn
@@ -260,3 +260,17 @@ def rows(quick: bool = False) -> List[Row]:
     out += rnn.rows()
     out += [compile_time(10), compile_time(1000)]
     return out
+
+
+def dlpack_exchange() -> Optional[Row]:
+    """Importing a 4 MiB torch tensor without a copy: cgvm.from_dlpack beside NumPy's own."""
+    torch = _torch()
+    if torch is None:
+        return None
+    from cgvm.dlpack import from_dlpack
+
+    t = torch.zeros(1 << 20)
+    row = Row("DLPack import of a 4 MiB torch tensor (zero-copy)", number=2000)
+    row.add("cgvm", lambda: from_dlpack(t))
+    row.add("numpy", lambda: np.from_dlpack(t))
+    return row
