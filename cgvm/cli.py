@@ -132,11 +132,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _load_frontend_commands() -> None:
-    """Frontends register their commands on import; missing optional pieces are skipped."""
-    try:
-        from .frontends.caffe import cli_commands  # noqa: F401
-    except ImportError:
-        pass
+    """Frontends register their commands on import (the Caffe frontend: train, test, time, run, draw, data)."""
+    from .frontends.caffe import cli_commands  # noqa: F401
 
 
 def build_parser() -> argparse.ArgumentParser:
