@@ -13,6 +13,7 @@ from .cse import eliminate_common_subexpressions
 from .fold import fold_constants
 from .fuse import fuse_elementwise, fuse_epilogues
 from .layout import sink_transposes
+from .loop_pushout import push_out_loop_work
 from .loops import hoist_loop_invariants, prune_loop_outputs
 from .prune import prune
 from .schedule import schedule_for_memory
@@ -33,6 +34,8 @@ PIPELINE: List[Pass] = [
     Pass("layout", sink_transposes, ("cse",), "sink transposes through elementwise ops; cancel inverse pairs"),
     Pass("loop_outputs", prune_loop_outputs, ("prune",), "drop loop outputs and stacks nobody reads"),
     Pass("hoist", hoist_loop_invariants, ("cse",), "move loop-invariant work out of scan bodies"),
+    Pass("pushout", push_out_loop_work, ("hoist", "loop_outputs"), "sequence products before scans; summing "
+                                                                   "carries as one product after them"),
     Pass("simplify", simplify, ("cse",), "algebraic identities, stable log-softmax/cross-entropy forms; batch norm, "
                                          "scale and bias folded into the preceding conv"),
     Pass("epilogues", fuse_epilogues, ("simplify",), "matmul + bias (+ activation) as gemm_bias_act, "

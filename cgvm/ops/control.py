@@ -17,6 +17,7 @@ Frontends lower richer forms (sequence taps, multi-tap outputs) onto this one.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, List, Optional, Sequence
 
 from ..errors import GradientError, ShapeError
@@ -99,6 +100,16 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
     run = runtime.compile(body)
     n_ys = len(body.outputs) - n_carry - (1 if has_until else 0)
     kept = list(_stacked(stacked, n_carry)) + list(range(n_carry, n_carry + n_ys))  # body outputs to stack
+    spare: List[Any] = [None] * len(kept)  # last call's stacks, reused when nobody else holds them
+
+    def new_stack(j: int, shape: tuple, dtype: Any) -> Any:
+        # a fresh multi-MiB array costs a page fault per 4 KiB on every call; the previous call's
+        # stack is reused when only this list refers to it (no output, view or user holds it)
+        old = spare[j]
+        if old is not None and old.shape == shape and old.dtype == dtype and sys.getrefcount(old) == 2:
+            return old
+        spare[j] = xp.empty(shape, dtype)
+        return spare[j]
 
     def scan_kernel(*inputs):
         seqs, inits, rest = _split(inputs, n_seqs, n_carry)
@@ -123,7 +134,7 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
                 res = run(args)
                 if all(r.shape == c.shape for r, c in zip(res, carries)):
                     step = run.prepare(args)  # the step's shapes are fixed from now on: skip the look-up
-                stacks = [xp.zeros((steps,) + res[k].shape, res[k].dtype) for k in kept]
+                stacks = [new_stack(j, (steps,) + res[k].shape, res[k].dtype) for j, k in enumerate(kept)]
             else:
                 res = step(*args)
             for st, k in zip(stacks, kept):
@@ -136,6 +147,9 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
             stacks = [xp.zeros((0,) + inits[k].shape, inits[k].dtype) for k in _stacked(stacked, n_carry)]
             stacks += [xp.zeros((0,) + tuple(d or 0 for d in o.shape), o.dtype.np)
                        for o in body.outputs[n_carry:n_carry + n_ys]]
+        written = t + 1 if active else 0
+        for st in stacks:   # steps not run (truncate) read as zeros
+            st[written:] = 0
         if active < steps:
             for k in range(min(reset_carries, n_carry)):
                 carries[k] = xp.zeros_like(carries[k])
@@ -248,13 +262,13 @@ def _shift_infer(types):
     return stack
 
 
-shift_in = defop("shift_in", num_inputs=2, pattern=INJECTIVE, infer=_shift_infer, writes_out=False,
+shift_in = defop("shift_in", num_inputs=2, pattern=INJECTIVE, infer=_shift_infer,
                  doc="concat(init[None], stack[:-1]): the carry each scan step started from.")
 
 
 @shift_in.kernel
-def _(xp, init, stack):
-    out = xp.empty_like(stack)
+def _(xp, init, stack, out=None):
+    out = xp.empty_like(stack) if out is None else out
     if stack.shape[0]:
         out[0] = init
         out[1:] = stack[:-1]
@@ -297,14 +311,16 @@ def _(node, gg):
     return [first_of(gg), None]
 
 
-shift_out = defop("shift_out", pattern=INJECTIVE, writes_out=False, infer=lambda types: types[0],
+shift_out = defop("shift_out", pattern=INJECTIVE, infer=lambda types: types[0],
                   doc="the adjoint of the stack part of shift_in: out[:-1] = g[1:], out[-1] = 0")
 
 
 @shift_out.kernel
-def _(xp, g):
-    out = xp.zeros_like(g)
-    out[:-1] = g[1:]
+def _(xp, g, out=None):
+    out = xp.empty_like(g) if out is None else out
+    if g.shape[0]:
+        out[:-1] = g[1:]
+        out[-1] = 0
     return out
 
 
@@ -313,14 +329,16 @@ def _(node, gg):
     return [shift_back(gg)]
 
 
-shift_back = defop("shift_back", pattern=INJECTIVE, writes_out=False, infer=lambda types: types[0],
+shift_back = defop("shift_back", pattern=INJECTIVE, infer=lambda types: types[0],
                    doc="out[1:] = g[:-1], out[0] = 0 (the adjoint of shift_out)")
 
 
 @shift_back.kernel
-def _(xp, g):
-    out = xp.zeros_like(g)
-    out[1:] = g[:-1]
+def _(xp, g, out=None):
+    out = xp.empty_like(g) if out is None else out
+    if g.shape[0]:
+        out[1:] = g[:-1]
+        out[0] = 0
     return out
 
 
@@ -329,13 +347,15 @@ def _(node, gg):
     return [shift_out(gg)]
 
 
-reverse = defop("reverse", pattern=INJECTIVE, writes_out=False, infer=lambda types: types[0],
-                doc="x reversed along axis 0")
+reverse = defop("reverse", pattern=INJECTIVE, infer=lambda types: types[0], doc="x reversed along axis 0")
 
 
 @reverse.kernel
-def _(xp, x):
-    return x[::-1].copy()
+def _(xp, x, out=None):
+    if out is None:
+        return x[::-1].copy()
+    out[...] = x[::-1]
+    return out
 
 
 @reverse.grad

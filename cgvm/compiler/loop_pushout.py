@@ -1,0 +1,191 @@
+"""Push per-step work out of scan loops, where one operation over all steps does the same job.
+
+Two rewrites, both exact up to float summation order:
+
+- Sequence products. ``matmul(x_t, p)`` of a sequence slice and a non-sequence does not need the
+  loop: one ``matmul(X, p)`` over the stacked sequence runs before it (one large GEMM instead of
+  T small ones) and the body reads the product as a new sequence.
+- Accumulators. A carry that only sums a per-step term, ``c_t = c_{t-1} + term_t``, with
+  ``term_t = matmul(transpose(a_t), b_t)`` (the weight gradients of backpropagation through
+  time) or ``term_t = sum_to_like(v_t, p)`` (bias gradients), stops being a carry: the loop
+  stacks ``a_t, b_t`` (``v_t``) as per-step outputs, and after it ``c_T = c_0 + Aᵀ B`` with A, B
+  flattened to (T·N, ·): one GEMM instead of T GEMMs and T additions. Steps a loop does not run
+  (``truncate``, ``until``) leave zero rows in the stacks, which add nothing.
+
+Each rewrite keeps the scan's outputs in place, so the rest of the graph is untouched.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..ir.builder import clone_node, rebuild
+from ..ir.graph import CONST, Graph, Node, Value, input_value
+from ..ops import elementwise as ew
+from ..ops import control, linalg, reduce
+from ..ops import shape as shp
+from .rewrite import rewrite
+
+
+def _uses(body: Graph) -> Dict[int, List[Node]]:
+    uses: Dict[int, List[Node]] = {}
+    for n in body.nodes:
+        for v in n.inputs:
+            uses.setdefault(id(v), []).append(n)
+    return uses
+
+
+# --------------------------------------------------------------------------- sequence products
+
+def _push_sequence_products(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
+    """Rebuild ``node`` with each matmul(sequence slice, non-sequence) computed before the loop."""
+    a = node.attrs
+    body: Graph = a["body"]
+    S, C = a["n_seqs"], a["n_carry"]
+    outer = {id(v): o for v, o in zip(body.inputs[:S], inputs[:S])}
+    outer.update({id(v): o for v, o in zip(body.inputs[S + C:], inputs[S + C:])})
+    seq_ids = {id(v) for v in body.inputs[:S]}
+    products = []
+    for n in body.nodes:
+        if n.op.name != "matmul":
+            continue
+        x, p = n.inputs
+        if id(x) in seq_ids and x.ndim == 2 and p.ndim == 2 and (p.kind == CONST or
+                                                                (id(p) in outer and id(p) not in seq_ids)):
+            products.append((n, linalg.matmul(outer[id(x)], p if p.kind == CONST else outer[id(p)])))
+    if not products:
+        return None
+    new_in = [input_value(n.outputs[0].type, f"pushed{i}") for i, (n, _) in enumerate(products)]
+    body_outs = rebuild(list(body.outputs), {id(n.outputs[0]): v for (n, _), v in zip(products, new_in)})
+    new_body = Graph(list(body.inputs[:S]) + new_in + list(body.inputs[S:]), body_outs, name=body.name)
+    attrs = dict(a, body=new_body, n_seqs=S + len(products))
+    return list(clone_node(node, list(inputs[:S]) + [o for _, o in products] + list(inputs[S:]), attrs))
+
+
+# --------------------------------------------------------------------------- accumulators
+
+def _accumulated_term(body: Graph, k: int, S: int, uses: Dict[int, List[Node]]) -> Optional[Value]:
+    """The per-step term of carry k when the carry is only ``c + term``, else None."""
+    c_in, c_out = body.inputs[S + k], body.outputs[k]
+    add = c_out.node
+    if add is None or add.op.name != "add" or len(uses.get(id(c_in), ())) != 1:
+        return None
+    if any(o is c_in for o in body.outputs) or uses.get(id(c_out)) or \
+            sum(1 for o in body.outputs if o is c_out) != 1:
+        return None
+    lhs, rhs = add.inputs
+    term = rhs if lhs is c_in else lhs if rhs is c_in else None
+    if term is None or term is c_in or tuple(term.shape) != tuple(c_in.shape) or term.dtype is not c_in.dtype:
+        return None
+    return term
+
+
+def _term_factors(term: Value, invariant: Dict[int, Value]) -> Optional[Tuple[str, Sequence[Value]]]:
+    """("gram", (a, b)) for matmul(transpose(a), b); ("sum_to", (v, p)) for sum_to_like(v, p)."""
+    n = term.node
+    if n is None:
+        return None
+    if n.op.name == "matmul":
+        at, b = n.inputs
+        t = at.node
+        if t is not None and t.op.name == "transpose" and tuple(t.attrs["perm"] or (1, 0)) == (1, 0):
+            a = t.inputs[0]
+            if a.ndim == 2 and b.ndim == 2 and a.shape[1] is not None and b.shape[1] is not None:
+                return "gram", (a, b)
+    if n.op.name == "sum_to_like":
+        v, like = n.inputs
+        if like.kind == CONST or id(like) in invariant:
+            return "sum_to", (v, like)
+    return None
+
+
+def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
+    """Rebuild ``node`` with summing carries turned into stacked factors and one product after the loop."""
+    a = node.attrs
+    body: Graph = a["body"]
+    S, C = a["n_seqs"], a["n_carry"]
+    if a["stacked"] is None:
+        return None
+    stacked = list(a["stacked"])
+    invariant = {id(v): o for v, o in zip(body.inputs[S + C:], inputs[S + C:])}
+    uses = _uses(body)
+    pushed: Dict[int, Tuple[str, Sequence[Value]]] = {}
+    for k in range(a["reset_carries"], C):   # carries reset after a truncated loop are not plain sums
+        if k in stacked:
+            continue
+        term = _accumulated_term(body, k, S, uses)
+        factors = _term_factors(term, invariant) if term is not None else None
+        if factors is not None:
+            pushed[k] = factors
+    if not pushed:
+        return None
+    keep = [k for k in range(C) if k not in pushed]
+    has_until = a["has_until"]
+    n_ys = len(body.outputs) - C - (1 if has_until else 0)
+    # a factor that is a sequence slice is read from the sequence itself, not stacked again
+    # (aligned with the stacks, which are in iteration order; not after an early stop backwards)
+    seq_outer = {} if has_until else {id(v): o for v, o in zip(body.inputs[:S], inputs[:S])}
+    new_ys: List[Value] = []   # each factor stacked once, however many terms share it (BPTT's dz_t)
+    for k in sorted(pushed):
+        kind, factors = pushed[k]
+        for f in factors[:2 if kind == "gram" else 1]:
+            if id(f) not in seq_outer and all(f is not y for y in new_ys):
+                new_ys.append(f)
+    body_outs = [body.outputs[k] for k in keep] + list(body.outputs[C:C + n_ys]) + new_ys
+    if has_until:
+        body_outs.append(body.outputs[-1])
+    body_ins = list(body.inputs[:S]) + [body.inputs[S + k] for k in keep] + list(body.inputs[S + C:])
+    new_body = Graph(body_ins, body_outs, name=body.name)
+    renumber = {k: i for i, k in enumerate(keep)}
+    attrs = dict(a, body=new_body, n_carry=len(keep), stacked=tuple(renumber[k] for k in stacked))
+    inits = inputs[S:S + C]
+    new_inputs = list(inputs[:S]) + [inits[k] for k in keep] + list(inputs[S + C:])
+    outs = clone_node(node, new_inputs, attrs)
+    finals = outs[:len(keep)]
+    rest = outs[len(keep):]
+    old_ys_end = len(stacked) + n_ys
+    stack_of = {id(f): st for f, st in zip(new_ys, rest[old_ys_end:])}
+    reversed_stacks: Dict[int, Value] = {}
+
+    def aligned(f: Value, partner: Value) -> Tuple[Value, Value]:
+        """(factor over all steps, partner stack) with rows of the same step together."""
+        if id(f) not in seq_outer:
+            return stack_of[id(f)], stack_of[id(partner)]
+        st = stack_of[id(partner)]
+        if a["go_backwards"]:   # step t read the sequence at steps - 1 - t
+            st = reversed_stacks.setdefault(id(st), control.reverse(st))
+        return control.steps_like(seq_outer[id(f)], st), st
+    mapping: List[Value] = []
+    it_final = iter(finals)
+    for k in range(C):
+        if k not in pushed:
+            mapping.append(next(it_final))
+            continue
+        kind, factors = pushed[k]
+        if kind == "gram":
+            if id(factors[1]) in seq_outer:
+                B, A = aligned(factors[1], factors[0])
+            else:
+                A, B = aligned(factors[0], factors[1])
+            flat_a = shp.reshape(A, shape=(-1, int(factors[0].shape[1])))
+            flat_b = shp.reshape(B, shape=(-1, int(factors[1].shape[1])))
+            total = linalg.matmul(shp.transpose(flat_a, perm=(1, 0)), flat_b)
+        else:
+            V = seq_outer[id(factors[0])] if id(factors[0]) in seq_outer else stack_of[id(factors[0])]
+            like = factors[1]
+            total = reduce.sum_to_like(reduce.sum(V, axis=(0,)), like if like.kind == CONST else invariant[id(like)])
+        mapping.append(ew.add(inits[k], total))
+    return mapping + list(rest[:old_ys_end])
+
+
+def push_out_loop_work(graph: Graph) -> Graph:
+    """Sequence products before each scan, summing carries as one product after it (see module doc)."""
+    def rule(node: Node, inputs: List[Value]):
+        if node.op.name != "scan":
+            return None
+        repl = _push_sequence_products(node, inputs)
+        if repl is not None:
+            node, inputs = repl[0].node, list(repl[0].node.inputs)
+        again = _push_accumulators(node, inputs)
+        return again if again is not None else repl
+
+    return rewrite(graph, rule)
