@@ -3,7 +3,8 @@
 ``graph_from_prototxt(path, phase)`` builds the net as ``Net`` does (phase filtering, upgrades,
 in-place tops, weight sharing) and returns the graph of its forward pass: the inputs are the
 tops of its data layers (``Input``, ``DummyData``, ... with the shapes they declare), the
-parameters are the net's learnable blobs under their workspace names, and the outputs are the
+parameters are the net's learnable blobs under their workspace names (with the host-side state
+some layers read: dropout seeds in TRAIN, LSTM/RNN carried states), and the outputs are the
 net's output blobs (those no layer consumes), in ``Net.outputs`` order.
 """
 from __future__ import annotations

@@ -9,7 +9,11 @@ Workspace entries (all arrays of the net's backend):
 * learnable blobs: ``"<layer>/<i>"``, or the ParamSpec name when one is given (layers naming the
   same param share it); their diffs: ``"<param>@diff"``;
 * blobs: ``"#<net id>:<blob>"`` and diffs ``"#<net id>:<blob>@diff"``; an in-place layer's earlier
-  values (kept for backward) get ``"~<layer index>"`` appended; dropout seeds ``"...@seed"``.
+  values (kept for backward) get ``"~<layer index>"`` appended; dropout seeds ``"...@seed"``;
+* states a layer carries from one forward to the next (LSTM/RNN's h and c): ``"#<net id>:<layer>@h_0"``
+  (what the graph starts from) and ``"...@h_T"`` (what the forward ends with, written as an update).
+  Before every forward of the layer the host copies ``_T`` into ``_0``; the backward rebuilds the
+  graph over the same ``_0`` entry, so it sees the state the forward started from.
 
 ``forward`` compiles (once per layer range and input shapes) a Function whose outputs are every
 blob the range computes, and stores them; ``backward`` compiles the gradient graph of the same
@@ -80,6 +84,7 @@ class LayerInfo:
     data: Any = None                                    # a data-layer object, or None
     params: List[ParamInfo] = field(default_factory=list)
     seed_entry: Optional[str] = None                    # Dropout in TRAIN
+    carried_states: List[Tuple[str, str]] = field(default_factory=list)   # (initial, final) entries
     python: Any = None                                  # the user's Python layer object
 
     @property
@@ -100,7 +105,9 @@ class _Build:
         self.current: Dict[str, Value] = {}         # blob name -> its latest value
         self.consumed: set = set()                  # ids of version values read inside the range
         self.leaves: Dict[str, Value] = {}          # blob name -> value read from outside the range
-        self.state_updates: Dict[str, Value] = {}   # BatchNorm running averages (TRAIN)
+        self.state_updates: Dict[str, Value] = {}   # BatchNorm running averages (TRAIN), carried states
+        # (initial entry, final entry, shape, dtype) of every carried state the graph reads
+        self.carried: List[Tuple[str, str, Tuple[int, ...], np.dtype]] = []
 
 
 class _LayerContext:
@@ -129,6 +136,22 @@ class _LayerContext:
 
     def update_state(self, target: Value, new_value: Value) -> None:
         self.build.state_updates[target.name] = new_value
+
+    def carried_state(self, name: str, shape: Sequence[int], dtype: Any) -> Tuple[Value, Value]:
+        net, ws = self.net, self.net.workspace
+        base = net._entry(self.info.name) + "@" + name
+        initial, final = base + "_0", base + "_T"
+        shape = tuple(int(d) for d in shape)
+        dtype = np.dtype(getattr(dtype, "np", dtype))
+        for entry in (initial, final):
+            held = ws.get(entry)
+            # setup, or a graph built for another batch size (a reshape): the state starts at zero
+            if held is None or tuple(held.shape) != shape or held.dtype != dtype:
+                ws.set(entry, np.zeros(shape, dtype))
+        if net._setting_up:
+            self.info.carried_states.append((initial, final))
+        self.build.carried.append((initial, final, shape, dtype))
+        return net._leaf_value(self.build, initial), net._leaf_value(self.build, final)
 
     def python_layer(self) -> object:
         return self.info.python
@@ -453,7 +476,7 @@ class Net:
             updates = {build.params[name]: value for name, value in build.state_updates.items()}
             fn = Function([], ([loss] if loss is not None else []) + outputs, updates=updates,
                           workspace=self.workspace, name=f"{self.name or 'net'}_forward_{lo}_{hi}")
-            hit = self._functions[key] = (fn, loss is not None, entries, canonical)
+            hit = self._functions[key] = (fn, loss is not None, entries, canonical, build.carried)
         return hit
 
     def _prepare_range(self, lo: int, hi: int) -> None:
@@ -464,13 +487,35 @@ class Net:
                     ws.set(self._entry(name), np.asarray(array, self.dtype))
             if info.seed_entry is not None:
                 ws.set(info.seed_entry, np.array(self._rng.integers(1 << 62), dtype=np.int64))
+            for initial, final in info.carried_states:
+                self._carry(initial, final)
             if info.python is not None:
                 info.python.before_forward()
+
+    def _carry(self, initial: str, final: str) -> None:
+        """Start the next forward from the state the last one ended with (Caffe copies h_T into h_0)."""
+        ws = self.workspace
+        start, end = ws[initial], ws[final]
+        if end.shape == start.shape and end.dtype == start.dtype:
+            ws.set(initial, end.copy())
+        else:   # only if someone rebound one of them: neither is a state the graph can start from
+            ws.set(initial, np.zeros(start.shape, start.dtype))
+            ws.set(final, np.zeros(start.shape, start.dtype))
+
+    def _fit_carried_states(self, carried: Sequence[Tuple[str, str, Tuple[int, ...], np.dtype]]) -> None:
+        """Zero the carried states a function reads when they have another shape (the batch size changed
+        since it was built): a compiled function cached for one batch size may run again after another."""
+        ws = self.workspace
+        for initial, final, shape, dtype in carried:
+            if any(tuple(ws[e].shape) != shape or ws[e].dtype != dtype for e in (initial, final)):
+                ws.set(initial, np.zeros(shape, dtype))
+                ws.set(final, np.zeros(shape, dtype))
 
     def _forward(self, lo: int, hi: int) -> float:
         """Run layers lo..hi (inclusive indices); store their tops; return the loss."""
         self._prepare_range(lo, hi)
-        fn, has_loss, entries, canonical = self._forward_function(lo, hi)
+        fn, has_loss, entries, canonical, carried = self._forward_function(lo, hi)
+        self._fit_carried_states(carried)
         results = fn()
         loss = float(results[0]) if has_loss else 0.0
         values = results[1:] if has_loss else results
@@ -562,8 +607,8 @@ class Net:
 
         Compile with ``cgvm.Function([], [tg.loss, *tg.outputs.values()], updates={**tg.state_updates,
         **your_param_updates}, workspace=net.workspace)``; call ``net.prepare_step()`` before each
-        call (data layers' batches, dropout seeds). Gradients are of the total loss (loss weights
-        applied); params with lr_mult 0 are left out.
+        call (data layers' batches, dropout seeds, carried recurrent states). Gradients are of the
+        total loss (loss weights applied); params with lr_mult 0 are left out.
         """
         build = self._build(0, len(self._layers) - 1)
         loss = self._loss(build)
@@ -578,7 +623,8 @@ class Net:
                              {build.params[n]: v for n, v in build.state_updates.items()})
 
     def prepare_step(self) -> None:
-        """Host work before a compiled training step: data layers' next batch, new dropout seeds."""
+        """Host work before a compiled training step: data layers' next batch, new dropout seeds, and
+        the recurrent states carried from the last step (h_T copied into h_0)."""
         self._prepare_range(0, len(self._layers) - 1)
 
     # ------------------------------------------------------------------ weights
@@ -677,7 +723,7 @@ class TrainingGraph:
     params: List[ParamInfo]                     # learnable params with lr_mult != 0
     param_values: Dict[str, Value]              # workspace name -> param Value read by the graph
     grads: Dict[str, Value]                     # workspace name -> d loss / d param
-    state_updates: Dict[Value, Value]           # BatchNorm running averages; pass them as updates
+    state_updates: Dict[Value, Value]           # BatchNorm averages, carried states; pass them as updates
 
 
 def _phase(phase: Any) -> int:

@@ -37,9 +37,10 @@ class SymbolicNet(dict):
     ``params``: workspace name -> parameter Value for every learnable blob the outputs depend on
     (lr_mult 0 left out), in the net's declaration order; these are the very Values in the
     graph, so ``grad(cost, list(sym.params.values()))`` reaches them. ``param_infos`` gives their
-    owner layer and lr/decay multipliers. ``state_updates`` (BatchNorm running averages in TRAIN)
-    go into the compiled function's updates; call ``prepare_step()`` before each run when the
-    built layers include data layers or Dropout in TRAIN (new batches, new dropout seeds).
+    owner layer and lr/decay multipliers. ``state_updates`` (BatchNorm running averages in TRAIN,
+    the final states LSTM/RNN carry to the next run) go into the compiled function's updates; call
+    ``prepare_step()`` before each run when the built layers include data layers, Dropout in TRAIN
+    or recurrent layers (new batches, new dropout seeds, carried states moved into place).
     """
 
     def __init__(self, net: Net, outputs: Mapping[str, Value], params: "OrderedDict[str, Value]",

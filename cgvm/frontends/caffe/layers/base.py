@@ -8,11 +8,12 @@ A converter turns one Caffe layer into graph nodes:
 The net builds every converter's nodes inside ``source_scope("<file>:<line>: layer 'name' (Type)")``,
 so every error about a node names the prototxt file, line and layer. ``LayerContext`` (implemented
 by the net) gives converters their learnable blobs (``ctx.param``), the phase, and the
-host-side state a few layers need (dropout seeds, BatchNorm running averages).
+host-side state a few layers need (dropout seeds, BatchNorm running averages, recurrent
+states carried between forwards).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Protocol, Sequence
+from typing import Callable, Dict, List, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -95,7 +96,16 @@ class LayerContext(Protocol):
         """An int64 scalar read from the workspace, advanced by the net before every forward."""
 
     def update_state(self, target: Value, new_value: Value) -> None:
-        """Write ``new_value`` into the workspace entry of param ``target`` after a forward (TRAIN)."""
+        """Write ``new_value`` into the workspace entry of param ``target`` after a forward (any phase)."""
+
+    def carried_state(self, name: str, shape: Sequence[int], dtype: object) -> Tuple[Value, Value]:
+        """State ``name`` of this layer carried from one forward to the next: ``(initial, final)``.
+
+        ``initial`` reads what the previous forward of the layer ended with (zeros at setup and
+        after the shape changes); give ``update_state(final, value)`` the value this forward ends
+        with. The net copies final into initial on the host before every forward of the layer,
+        in any phase; backward reads the same initial value the forward did.
+        """
 
     def python_layer(self) -> object:
         """The user's Python layer object (Python layers only)."""

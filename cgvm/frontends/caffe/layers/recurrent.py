@@ -9,9 +9,15 @@ Bottoms: x (T, N, ...), cont (T, N) with 0 where a sequence starts (the carried 
 multiplied by cont_t, so it is reset there), optional x_static (N, ...), and with
 ``expose_hidden`` the initial states (RNN: h_0; LSTM: h_0, c_0, each (1, N, num_output)), which
 then also come out as extra tops (h_T [, c_T]). ``cont`` receives no gradient (Caffe refuses to
-backpropagate to sequence indicators). Without ``expose_hidden`` every forward starts from zero
-states; Caffe instead starts from the previous forward's final states, which only matters when
-cont is nonzero at t = 0.
+backpropagate to sequence indicators).
+
+Without ``expose_hidden`` the states are carried between forwards, as Caffe's RecurrentLayer
+does: each forward starts from the final states of the previous forward of the layer (zeros after
+setup and whenever the batch size changes), so with cont = 1 at t = 0 a batch continues the
+previous one (truncated backpropagation through time across batches), and cont = 0 starts afresh.
+The net keeps them as workspace entries (``LayerContext.carried_state``) in TRAIN and TEST alike;
+backward differentiates from the initial states the forward used, and no gradient crosses
+batches.
 
 LSTM gate order in the 4H pre-activations is Caffe's: i, f, o, g.
 """
@@ -22,7 +28,7 @@ from typing import List, Optional, Sequence, Tuple
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.layers.base import LayerContext, count, need_bottoms, register
 from cgvm.ir import Graph, TensorType, Value, input_value
-from cgvm.ops import control, creation, linalg
+from cgvm.ops import control, linalg
 from cgvm.ops import elementwise as ew
 from cgvm.ops import elementwise_math as em
 from cgvm.ops import grad_control
@@ -93,6 +99,7 @@ class _Recurrent:
                 raise ctx.error(f"bottom[2] (x_static) must be N x ... with N = {self.batch}, got {xs_shape}")
             self.x_static = shp.reshape(xs, shape=(self.batch, count(xs_shape, 1)))
         self.initial_bottoms = bottoms[3 if self.static else 2:]
+        self.carried_finals: List[Value] = []   # where the final states go without expose_hidden
         self.width = gates * self.hidden
 
     def state_shape(self) -> Tuple[int, int, int]:
@@ -118,14 +125,19 @@ class _Recurrent:
         return weight, bias, static, 3 if static is not None else 2
 
     def initial_states(self, names: Sequence[str]) -> List[Value]:
-        """The (N, H) states at t = 0: the exposed bottoms, else zeros."""
+        """The (N, H) states at t = 0 of the states ``names`` ("h", "c"): the exposed bottoms, else
+        the final states of this layer's previous forward."""
         if not self.expose:
-            zero = creation.zeros(shape=(self.batch, self.hidden), dtype=self.dtype)
-            return [zero for _ in names]
+            states = []
+            for name in names:
+                initial, final = self.ctx.carried_state(name, (self.batch, self.hidden), self.dtype)
+                self.carried_finals.append(final)
+                states.append(initial)
+            return states
         states = []
         for name, value in zip(names, self.initial_bottoms):
             if tuple(value.shape) != self.state_shape():
-                raise self.ctx.error(f"the {name} bottom must have shape {self.state_shape()} (1 x N x "
+                raise self.ctx.error(f"the {name}_0 bottom must have shape {self.state_shape()} (1 x N x "
                                      f"num_output), got {tuple(value.shape)}")
             states.append(shp.reshape(value, shape=(self.batch, self.hidden)))
         return states
@@ -139,8 +151,13 @@ class _Recurrent:
         return seq_in, state_in, param_in
 
     def final_tops(self, finals: Sequence[Value]) -> List[Value]:
-        """The exposed final states as (1, N, H) tops (none without expose_hidden)."""
-        return [shp.reshape(f, shape=self.state_shape()) for f in finals] if self.expose else []
+        """The exposed final states as (1, N, H) tops; without expose_hidden none, and the final
+        states are kept for the next forward instead."""
+        if self.expose:
+            return [shp.reshape(f, shape=self.state_shape()) for f in finals]
+        for target, final in zip(self.carried_finals, finals):
+            self.ctx.update_state(target, final)
+        return []
 
 
 @register("LSTM")
@@ -154,7 +171,7 @@ def lstm(layer, bottoms, ctx):
     weight, bias, static, index = rec.weights()
     recurrent_weight = ctx.param(index, (rec.width, rec.hidden), _filler(rec.param, "weight_filler"))
     projected = rec.projected_input(weight, bias, static)
-    h0, c0 = rec.initial_states(["h_0", "c_0"])
+    h0, c0 = rec.initial_states(["h", "c"])
 
     (gx_t, cont_t), (h_prev, c_prev), (w_hc,) = rec.step_inputs([projected, rec.cont], 2, [recurrent_weight])
     gates = ew.add(gx_t, linalg.gemm(ew.mul(cont_t, h_prev), w_hc, trans_b=True))
@@ -179,7 +196,7 @@ def rnn(layer, bottoms, ctx):
     w_ho = ctx.param(index + 1, (rec.hidden, rec.hidden), filler)
     b_o = ctx.param(index + 2, (rec.hidden,), _filler(rec.param, "bias_filler"))
     projected = rec.projected_input(weight, bias, static)
-    (h0,) = rec.initial_states(["h_0"])
+    (h0,) = rec.initial_states(["h"])
 
     (gx_t, cont_t), (h_prev,), (w_hh_in,) = rec.step_inputs([projected, rec.cont], 1, [w_hh])
     h_t = em.tanh(ew.add(gx_t, linalg.gemm(ew.mul(cont_t, h_prev), w_hh_in, trans_b=True)))
