@@ -26,6 +26,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from ..errors import DTypeError, ShapeError
 from ..ir.attrs import Int, Ints
 from ..ir.types import TensorType
+from . import conv_batchlast as batch_last
 from . import reduce as red
 from .registry import OPAQUE, defop
 from .rules import Dim, require_float
@@ -216,6 +217,11 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
 def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: ConvGeometry,
                         out: Optional[Any] = None) -> Any:
     """dx for y = conv(x, w): per chunk of samples, GEMM to columns, then col2im as strided slice additions."""
+    if batch_last.batch_last_pays((g.shape[0], w.shape[1] * geo.groups) + tuple(in_sizes), g.shape[2:], "input"):
+        target = out if out is not None and out.flags.c_contiguous else \
+            xp.empty((g.shape[0], w.shape[1] * geo.groups) + tuple(in_sizes), dtype=g.dtype)
+        batch_last.backward_input(xp, g, w, in_sizes, geo, target)
+        return target if out is None or target is out else _store(xp, target, out)
     n, o = g.shape[:2]
     out_sizes = tuple(g.shape[2:])
     cg = w.shape[1]
@@ -261,6 +267,11 @@ def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: C
 def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: ConvGeometry,
                          out: Optional[Any] = None) -> Any:
     """dw for y = conv(x, w): per group and chunk of samples, g (O/g, m·L) times x's columns (m·L, C/g·Πk)."""
+    if batch_last.batch_last_pays(x.shape, g.shape[2:], "weight"):
+        target = out if out is not None and out.flags.c_contiguous else \
+            xp.empty((g.shape[1], x.shape[1] // geo.groups) + tuple(ksize), dtype=x.dtype)
+        batch_last.backward_weight(xp, x, g, ksize, geo, target)
+        return target if out is None or target is out else _store(xp, target, out)
     n, c = x.shape[:2]
     o = g.shape[1]
     groups = geo.groups

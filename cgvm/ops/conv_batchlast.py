@@ -1,0 +1,133 @@
+"""2-D convolution kernels in a batch-last layout, for small images in large batches.
+
+The im2col kernels in conv.py work sample by sample: each strided copy (im2col) or strided add
+(col2im) runs along one output row, OW elements at a time. With LeNet-sized images (OW = 8 to
+24) NumPy spends most of its time starting those short inner loops. Here the input is first
+copied once to (C, H, W, N): then a window offset is a view whose contiguous runs are OW·N
+elements long (N with strides), every copy and add streams, and each GEMM covers the whole
+batch: (O, C·kh·kw) x (C·kh·kw, rows·OW·N). The output rows are processed in chunks so that the
+columns stay within COLUMN_BUDGET_BYTES.
+
+conv.py sends 2-D convolutions here when ``batch_last_pays``; groups, stride, dilation and
+padding are all handled.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+#: columns kept per chunk of output rows (bytes); large enough that the GEMM's inner size is long
+COLUMN_BUDGET_BYTES = 4 << 20
+
+def batch_last_pays(x_shape: Sequence[int], out_sizes: Sequence[int], kind: str) -> bool:
+    """Whether the batch-last kernels beat the per-sample ones for a 2-D convolution.
+
+    ``kind`` is "forward", "input" (dx) or "weight" (dw). Measured on the project's machine
+    (benchmarks/README.md): the weight gradient gains whenever output rows are at most 16 long
+    (up to 2x at 7x7); the forward and input gradient gain at rows of 8 or less, and at up to 16
+    in batches of 32 or more (2x for LeNet's and CIFAR's 8x8 and 16x16), but lose up to 1.7x
+    at 13x13 in a batch of 16.
+    """
+    if len(x_shape) != 4 or x_shape[0] < 4 or not out_sizes or out_sizes[-1] < 1:
+        return False
+    n, row = x_shape[0], out_sizes[-1]
+    if kind == "weight":
+        return row <= 16
+    return row <= 8 or (row <= 16 and n >= 32)
+
+
+def _padded_batch_last(xp: Any, x: Any, pads: Sequence[Tuple[int, int]]) -> Any:
+    """x (N, C, H, W) as a zero-padded (C, H + pads, W + pads, N) array: one copy does both."""
+    n, c, h, w = x.shape
+    (top, bottom), (left, right) = pads
+    if not (top or bottom or left or right):
+        return xp.ascontiguousarray(x.transpose(1, 2, 3, 0))
+    buf = xp.zeros((c, h + top + bottom, w + left + right, n), dtype=x.dtype)
+    buf[:, top:top + h, left:left + w, :] = x.transpose(1, 2, 3, 0)
+    return buf
+
+
+def _row_chunks(rows: int, bytes_per_row: int) -> List[Tuple[int, int]]:
+    size = max(1, COLUMN_BUDGET_BYTES // max(bytes_per_row, 1))
+    return [(r, min(r + size, rows)) for r in range(0, rows, size)]
+
+
+def _window(buf: Any, ki: int, kj: int, r0: int, r1: int, ow: int, geo: Any) -> Any:
+    """The (C, r1 - r0, ow, N) view of ``buf`` that kernel offset (ki, kj) reads for output rows r0..r1."""
+    (sh, sw), (dh, dw) = geo.stride, geo.dilation
+    top = ki * dh + r0 * sh
+    left = kj * dw
+    return buf[:, top:top + (r1 - r0 - 1) * sh + 1:sh, left:left + (ow - 1) * sw + 1:sw, :]
+
+
+def forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: Any, out_sizes: Sequence[int], out: Any) -> Any:
+    """y = conv(x, w) + b written into ``out`` (N, O, OH, OW)."""
+    n, c = x.shape[:2]
+    o, cg, kh, kw = w.shape
+    groups, og = geo.groups, o // geo.groups
+    oh, ow = out_sizes
+    xt = _padded_batch_last(xp, x, geo.pads)
+    kc = cg * kh * kw
+    wmat = w.reshape(groups, og, kc)
+    for r0, r1 in _row_chunks(oh, c * kh * kw * ow * n * x.dtype.itemsize):
+        rows = r1 - r0
+        cols = xp.empty((c, kh, kw, rows, ow, n), dtype=x.dtype)
+        for ki in range(kh):
+            for kj in range(kw):
+                cols[:, ki, kj] = _window(xt, ki, kj, r0, r1, ow, geo)
+        cols = cols.reshape(groups, kc, rows * ow * n)
+        y = xp.matmul(wmat, cols).reshape(o, rows, ow, n)
+        if b is not None:
+            y += b.reshape(o, 1, 1, 1)
+        out[:, :, r0:r1, :] = y.transpose(3, 0, 1, 2)
+    return out
+
+
+def backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: Any, out: Any) -> Any:
+    """dx (N, C, H, W) into ``out``: per chunk of output rows, Wᵀ G then strided adds (col2im)."""
+    n, o, oh, ow = g.shape
+    _, cg, kh, kw = w.shape
+    groups, og = geo.groups, o // geo.groups
+    h, wd = in_sizes
+    (top, bottom), (left, right) = geo.pads
+    c = cg * groups
+    acc = xp.zeros((c, h + top + bottom, wd + left + right, n), dtype=g.dtype)
+    gt = xp.ascontiguousarray(g.transpose(1, 2, 3, 0)).reshape(groups, og, oh, ow * n)
+    # (groups, kh·kw·C/g, O/g): rows ordered by kernel offset so each offset's block is contiguous
+    wt = w.reshape(groups, og, cg, kh * kw).transpose(0, 3, 2, 1).reshape(groups, kh * kw * cg, og)
+    grouped = acc.reshape(groups, cg, acc.shape[1], acc.shape[2], n)
+    for r0, r1 in _row_chunks(oh, kh * kw * cg * groups * ow * n * g.dtype.itemsize):
+        rows = r1 - r0
+        gmat = gt[:, :, r0:r1].reshape(groups, og, rows * ow * n)
+        cols = xp.matmul(wt, gmat).reshape(groups, kh * kw, cg, rows, ow, n)
+        for ki in range(kh):
+            for kj in range(kw):
+                for gi in range(groups):
+                    view = _window(grouped[gi], ki, kj, r0, r1, ow, geo)
+                    view += cols[gi, ki * kw + kj]
+    out[...] = acc[:, top:top + h, left:left + wd, :].transpose(3, 0, 1, 2)
+    return out
+
+
+def backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: Any, out: Any) -> Any:
+    """dw (O, C/g, kh, kw) into ``out``: G (O/g, rows·OW·N) times the columns of x, summed over row chunks."""
+    n, c = x.shape[:2]
+    _, o, oh, ow = g.shape
+    kh, kw = ksize
+    groups, og = geo.groups, o // geo.groups
+    cg = c // groups
+    xt = _padded_batch_last(xp, x, geo.pads)
+    gt = xp.ascontiguousarray(g.transpose(1, 2, 3, 0)).reshape(groups, og, oh, ow * n)
+    result = out.reshape(groups, og, cg * kh * kw)
+    for index, (r0, r1) in enumerate(_row_chunks(oh, c * kh * kw * ow * n * x.dtype.itemsize)):
+        rows = r1 - r0
+        cols = xp.empty((c, kh, kw, rows, ow, n), dtype=x.dtype)
+        for ki in range(kh):
+            for kj in range(kw):
+                cols[:, ki, kj] = _window(xt, ki, kj, r0, r1, ow, geo)
+        cols = cols.reshape(groups, cg * kh * kw, rows * ow * n)
+        gmat = gt[:, :, r0:r1].reshape(groups, og, rows * ow * n)
+        if index == 0:
+            xp.matmul(gmat, cols.transpose(0, 2, 1), out=result)
+        else:
+            result += xp.matmul(gmat, cols.transpose(0, 2, 1))
+    return out
