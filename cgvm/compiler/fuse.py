@@ -248,6 +248,15 @@ def _compose(run: Sequence[Tuple[float, float]]) -> Optional[Tuple[float, float]
 
 # --------------------------------------------------------------------------- the passes
 
+def fused_source(nodes: Sequence[Node]) -> Optional[str]:
+    """Where a fused node's ops were written: the one place, or each op with its place, so that an
+    error inside the fused kernel still points at the user's lines."""
+    places = [n.source for n in nodes if n.source]
+    if len(set(places)) <= 1:
+        return places[-1] if places else None
+    return "a fused chain of " + ", ".join(f"{n.op.name} ({n.source})" if n.source else n.op.name for n in nodes)
+
+
 def _fused_node(chain: Sequence[Node], lowered, mapped: Dict[int, Value]) -> Optional[Value]:
     """The fused node for ``chain`` over the rewritten graph's values, or None if it is not worth one."""
     while len(chain) > 1:
@@ -271,7 +280,7 @@ def _fused_node(chain: Sequence[Node], lowered, mapped: Dict[int, Value]) -> Opt
     program = tuple((name, tuple(index[id(r)] if isinstance(r, Value) else r for r in ops)) for name, ops in steps)
     attrs = {"program": program, "dtype": out.dtype, "shape_from_first": _shape_from_first(steps, out.shape)}
     return apply(F.fused_elementwise, [mapped.get(id(v), v) for v in order], attrs, name=root.name,
-                 source=root.source)
+                 source=fused_source(chain))
 
 
 def fuse_elementwise(graph: Graph) -> Graph:
@@ -375,7 +384,8 @@ def _plan_epilogues(graph: Graph) -> List[_Epilogue]:
 def _fused_epilogue(group: _Epilogue, mapped: Dict[int, Value]) -> Value:
     master = group.master
     args = [mapped.get(id(v), v) for v in master.inputs]
-    where = dict(name=group.last.name, source=group.last.source)
+    swallowed = [master] + [v.node for v in group.inner[1:]] + [group.last]
+    where = dict(name=group.last.name, source=fused_source(swallowed))
     if master.op.name == "conv":
         return apply(F.conv_bias_act, args, dict(master.attrs, act=group.act), **where)
     if master.op.name == "gemm":

@@ -393,3 +393,27 @@ def test_resnet_block_folds_batch_norm_and_scale_through_the_caffe_frontend():
     residual = f.graph.nodes[ops(f).index("conv") + 1]        # conv2 + data, then relu: one kernel
     assert residual.op.name == "fused_elementwise" and "layer 'relu2'" in residual.source
     assert all("test_fuse.py" not in (n.source or "") for n in f.graph.nodes)
+
+
+def test_an_error_inside_a_fused_chain_names_every_op_and_its_line():
+    x, y = input_value(TensorType((None,)), "x"), input_value(TensorType((None,)), "y")
+    s = E.add(x, y)
+    t = E.mul(s, 2.0)
+    u = E.tanh(t)
+    lines = [s.source, t.source, u.source]
+    assert len(set(lines)) == 3   # three different lines of this file
+    f = cgvm.compile([x, y], u)
+    (fused,) = [n for n in f.graph.nodes if n.op.name == "fused_elementwise"]
+    with pytest.raises(CgvmError) as err:
+        f(np.ones(3, np.float32), np.ones(4, np.float32))   # the lengths only disagree at run time
+    message = str(err.value)
+    for name, line in zip(("add", "mul", "tanh"), lines):
+        assert f"{name} ({line})" in message
+
+
+def test_a_fused_chain_written_on_one_line_keeps_that_line():
+    x = input_value(TensorType((3,)), "x")
+    u = E.tanh(E.mul(E.add(x, 1.0), 2.0))
+    f = cgvm.compile([x], u)
+    (fused,) = [n for n in f.graph.nodes if n.op.name == "fused_elementwise"]
+    assert fused.source == u.source
