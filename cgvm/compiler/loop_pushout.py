@@ -2,9 +2,10 @@
 
 Two rewrites, both exact up to float summation order:
 
-- Sequence products. ``matmul(x_t, p)`` of a sequence slice and a non-sequence does not need the
+- Sequence work. ``matmul(x_t, p)`` of a sequence slice and a non-sequence does not need the
   loop: one ``matmul(X, p)`` over the stacked sequence runs before it (one large GEMM instead of
-  T small ones) and the body reads the product as a new sequence.
+  T small ones) and the body reads the product as a new sequence. Elementwise work on such
+  values goes out with it (BPTT's ``1 - tanh²`` of the stacked forward outputs, say).
 - Accumulators. A carry that only sums a per-step term, ``c_t = c_{t-1} + term_t``, with
   ``term_t = matmul(transpose(a_t), b_t)`` (the weight gradients of backpropagation through
   time) or ``term_t = sum_to_like(v_t, p)`` (bias gradients), stops being a carry: the loop
@@ -22,6 +23,7 @@ from ..ir.builder import clone_node, rebuild
 from ..ir.graph import CONST, Graph, Node, Value, input_value
 from ..ops import elementwise as ew
 from ..ops import control, linalg, reduce
+from ..ops.registry import BROADCAST, ELEMWISE
 from ..ops import shape as shp
 from .rewrite import rewrite
 
@@ -34,31 +36,51 @@ def _uses(body: Graph) -> Dict[int, List[Node]]:
     return uses
 
 
-# --------------------------------------------------------------------------- sequence products
+# --------------------------------------------------------------------------- sequence work
 
-def _push_sequence_products(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
-    """Rebuild ``node`` with each matmul(sequence slice, non-sequence) computed before the loop."""
+def _per_step_elementwise(n: Node, seqlike: Dict[int, Value], invariant: Dict[int, Value]) -> bool:
+    """An elementwise node over per-step values of one shape and loop-invariant operands that broadcast."""
+    if n.op.pattern not in (ELEMWISE, BROADCAST) or n.op.stateful or len(n.outputs) != 1:
+        return False
+    out = n.outputs[0]
+    steps = [v for v in n.inputs if id(v) in seqlike]
+    return bool(steps) and all(tuple(v.shape) == tuple(out.shape) for v in steps) and all(
+        id(v) in seqlike or ((v.kind == CONST or id(v) in invariant) and v.ndim <= out.ndim) for v in n.inputs)
+
+
+def _push_sequence_work(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
+    """Rebuild ``node`` with the body's per-step work that reads no carry done over all steps first:
+    matmul(sequence slice, non-sequence) and elementwise nodes over such values."""
     a = node.attrs
     body: Graph = a["body"]
     S, C = a["n_seqs"], a["n_carry"]
-    outer = {id(v): o for v, o in zip(body.inputs[:S], inputs[:S])}
-    outer.update({id(v): o for v, o in zip(body.inputs[S + C:], inputs[S + C:])})
-    seq_ids = {id(v) for v in body.inputs[:S]}
-    products = []
+    seqlike = {id(v): o for v, o in zip(body.inputs[:S], inputs[:S])}      # body value -> (T, ...) value
+    invariant = {id(v): o for v, o in zip(body.inputs[S + C:], inputs[S + C:])}
+
+    def outer(v: Value) -> Value:
+        return v if v.kind == CONST else seqlike.get(id(v)) or invariant[id(v)]
+
+    pushed: List[Node] = []
     for n in body.nodes:
-        if n.op.name != "matmul":
+        if n.op.name == "matmul":
+            x, p = n.inputs
+            if not (id(x) in seqlike and x.ndim == 2 and p.ndim == 2 and (p.kind == CONST or id(p) in invariant)):
+                continue
+        elif not _per_step_elementwise(n, seqlike, invariant):
             continue
-        x, p = n.inputs
-        if id(x) in seq_ids and x.ndim == 2 and p.ndim == 2 and (p.kind == CONST or
-                                                                (id(p) in outer and id(p) not in seq_ids)):
-            products.append((n, linalg.matmul(outer[id(x)], p if p.kind == CONST else outer[id(p)])))
-    if not products:
+        seqlike[id(n.outputs[0])] = clone_node(n, [outer(v) for v in n.inputs])[0]
+        pushed.append(n)
+    if not pushed:
         return None
-    new_in = [input_value(n.outputs[0].type, f"pushed{i}") for i, (n, _) in enumerate(products)]
-    body_outs = rebuild(list(body.outputs), {id(n.outputs[0]): v for (n, _), v in zip(products, new_in)})
+    # the pushed values that the rest of the body (or its outputs) still reads become new sequences
+    done = {id(n) for n in pushed}
+    read = {id(v) for n in body.nodes if id(n) not in done for v in n.inputs} | {id(v) for v in body.outputs}
+    entering = [n.outputs[0] for n in pushed if id(n.outputs[0]) in read]
+    new_in = [input_value(v.type, f"pushed{i}") for i, v in enumerate(entering)]
+    body_outs = rebuild(list(body.outputs), {id(v): n for v, n in zip(entering, new_in)})
     new_body = Graph(list(body.inputs[:S]) + new_in + list(body.inputs[S:]), body_outs, name=body.name)
-    attrs = dict(a, body=new_body, n_seqs=S + len(products))
-    return list(clone_node(node, list(inputs[:S]) + [o for _, o in products] + list(inputs[S:]), attrs))
+    attrs = dict(a, body=new_body, n_seqs=S + len(new_in))
+    return list(clone_node(node, list(inputs[:S]) + [seqlike[id(v)] for v in entering] + list(inputs[S:]), attrs))
 
 
 # --------------------------------------------------------------------------- accumulators
@@ -182,7 +204,7 @@ def push_out_loop_work(graph: Graph) -> Graph:
     def rule(node: Node, inputs: List[Value]):
         if node.op.name != "scan":
             return None
-        repl = _push_sequence_products(node, inputs)
+        repl = _push_sequence_work(node, inputs)
         if repl is not None:
             node, inputs = repl[0].node, list(repl[0].node.inputs)
         again = _push_accumulators(node, inputs)
