@@ -85,6 +85,28 @@ class PoolGeometry:
                                                    for k, o, s in zip(kk, out_sizes, self.stride))
                 for kk in self.offsets()]
 
+    def clipped_offsets(self, in_sizes: Sequence[int], out_sizes: Sequence[int]) -> List[Tuple[tuple, tuple]]:
+        """For each kernel offset, (output slice, input slice): the outputs whose window element at
+        that offset lies inside the unpadded input, and the strided input elements they read.
+
+        Padding is never materialized: a padded element is exactly one that no offset reads.
+        Offsets that read nothing (all padding) are left out.
+        """
+        result = []
+        for kk in self.offsets():
+            outs, ins = [], []
+            for k, n, o, s, (b, _) in zip(kk, in_sizes, out_sizes, self.stride, self.pads):
+                first = max(0, -(-(b - k) // s))          # o·s + k - b >= 0
+                last = min(o - 1, (n - 1 + b - k) // s)    # o·s + k - b <= n - 1
+                if last < first:
+                    break
+                outs.append(slice(first, last + 1))
+                start = first * s + k - b
+                ins.append(slice(start, start + (last - first) * s + 1, s))
+            else:
+                result.append(((slice(None), slice(None)) + tuple(outs), (slice(None), slice(None)) + tuple(ins)))
+        return result
+
     def divisor(self, in_sizes: Sequence[int], out_sizes: Sequence[int], include_pad: bool) -> np.ndarray:
         """Averaging divisor per output position (spatial shape), as float64 NumPy."""
         total = np.ones((), dtype=np.float64)
@@ -269,12 +291,12 @@ def _(xp, x, *, kernel, stride, pad, ceil_mode, return_mask, out=None):
         best, index, out_sizes = _window_argmax(xp, x, geo)
         return best, _flat_mask(xp, index, x.shape[2:], out_sizes, geo)
     out_sizes = geo.out_sizes(x.shape[2:])
-    xpad = _pad_to(xp, x, geo, geo.extent(x.shape[2:], out_sizes), _lowest(x.dtype))
-    slices = geo.offset_slices(out_sizes)
     target = xp.empty(x.shape[:2] + out_sizes, dtype=x.dtype) if out is None else out
-    target[...] = xpad[slices[0]]
-    for sl in slices[1:]:
-        xp.maximum(target, xpad[sl], out=target)
+    # windows clipped to the input instead of a padded copy of it (inference memory stays planned)
+    target.fill(_lowest(x.dtype))
+    for out_sl, in_sl in geo.clipped_offsets(x.shape[2:], out_sizes):
+        view = target[out_sl]
+        xp.maximum(view, x[in_sl], out=view)
     return target
 
 
@@ -349,12 +371,11 @@ def _(xp, x, *, kernel, stride, pad, ceil_mode, count_include_pad, out=None):
     geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
     in_sizes = x.shape[2:]
     out_sizes = geo.out_sizes(in_sizes)
-    xpad = _pad_to(xp, x, geo, geo.extent(in_sizes, out_sizes), 0)
-    slices = geo.offset_slices(out_sizes)
     target = xp.empty(x.shape[:2] + out_sizes, dtype=x.dtype) if out is None else out
-    target[...] = xpad[slices[0]]
-    for sl in slices[1:]:
-        target += xpad[sl]
+    target.fill(0)   # padding adds nothing to a sum: windows are clipped, the input is never copied
+    for out_sl, in_sl in geo.clipped_offsets(in_sizes, out_sizes):
+        view = target[out_sl]
+        view += x[in_sl]
     target *= _reciprocal(xp, geo, in_sizes, out_sizes, count_include_pad, x.dtype)
     return target
 
