@@ -181,13 +181,15 @@ def _tiled_grad(xp: Any, x: Any, g: Any, geo: PoolGeometry, out: Optional[Any]) 
     elif not exact:
         out[...] = 0
     result = (out if exact else out[tiled]).reshape(split)  # a view: tiled parts of out are contiguous runs
-    taken = xp.zeros(best.shape, dtype=bool)
+    taken = xp.equal(at(xr, offsets[0]), best)
+    xp.multiply(taken, g, out=at(result, offsets[0]))
     hit = xp.empty(best.shape, dtype=bool)
-    for kk in offsets:
+    for i, kk in enumerate(offsets[1:], 2):
         xp.equal(at(xr, kk), best, out=hit)
-        xp.logical_and(hit, xp.logical_not(taken), out=hit)
-        xp.logical_or(taken, hit, out=taken)
+        xp.greater(hit, taken, out=hit)   # a maximum here, and none at an earlier offset
         xp.multiply(hit, g, out=at(result, kk))
+        if i < len(offsets):
+            xp.logical_or(taken, hit, out=taken)
     return out
 
 
