@@ -143,15 +143,27 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
     keep = [k for k in range(C) if k not in pushed]
     has_until = a["has_until"]
     n_ys = len(body.outputs) - C - (1 if has_until else 0)
-    # a factor that is a sequence slice is read from the sequence itself, not stacked again
-    # (aligned with the stacks, which are in iteration order; not after an early stop backwards)
-    seq_outer = {} if has_until else {id(v): o for v, o in zip(body.inputs[:S], inputs[:S])}
+    # A gram factor that is a sequence slice is read from the sequence itself, paired with its
+    # partner's stack (in iteration order, zero where a step did not run); its partner must be
+    # stacked, and nothing is read from sequences after an early stop (rows would not align).
+    seq_inputs = {id(v): o for v, o in zip(body.inputs[:S], inputs[:S])}
+    seq_outer: Dict[int, Value] = {}
     new_ys: List[Value] = []   # each factor stacked once, however many terms share it (BPTT's dz_t)
+
+    def stack(f: Value) -> None:
+        if all(f is not y for y in new_ys):
+            new_ys.append(f)
     for k in sorted(pushed):
         kind, factors = pushed[k]
-        for f in factors[:2 if kind == "gram" else 1]:
-            if id(f) not in seq_outer and all(f is not y for y in new_ys):
-                new_ys.append(f)
+        if kind == "gram" and not has_until and id(factors[0]) in seq_inputs and id(factors[1]) not in seq_inputs:
+            seq_outer[id(factors[0])] = seq_inputs[id(factors[0])]
+            stack(factors[1])
+        elif kind == "gram" and not has_until and id(factors[1]) in seq_inputs:
+            seq_outer[id(factors[1])] = seq_inputs[id(factors[1])]
+            stack(factors[0])
+        else:
+            for f in factors[:2 if kind == "gram" else 1]:
+                stack(f)
     body_outs = [body.outputs[k] for k in keep] + list(body.outputs[C:C + n_ys]) + new_ys
     if has_until:
         body_outs.append(body.outputs[-1])
@@ -170,7 +182,7 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
 
     def aligned(f: Value, partner: Value) -> Tuple[Value, Value]:
         """(factor over all steps, partner stack) with rows of the same step together."""
-        if id(f) not in seq_outer:
+        if id(f) not in seq_outer or id(f) in stack_of:
             return stack_of[id(f)], stack_of[id(partner)]
         st = stack_of[id(partner)]
         if a["go_backwards"]:   # step t read the sequence at steps - 1 - t
@@ -184,7 +196,7 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
             continue
         kind, factors = pushed[k]
         if kind == "gram":
-            if id(factors[1]) in seq_outer:
+            if id(factors[1]) in seq_outer and id(factors[1]) not in stack_of:
                 B, A = aligned(factors[1], factors[0])
             else:
                 A, B = aligned(factors[0], factors[1])
@@ -192,7 +204,7 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
             flat_b = shp.reshape(B, shape=(-1, int(factors[1].shape[1])))
             total = linalg.matmul(shp.transpose(flat_a, perm=(1, 0)), flat_b)
         else:
-            V = seq_outer[id(factors[0])] if id(factors[0]) in seq_outer else stack_of[id(factors[0])]
+            V = stack_of[id(factors[0])]
             like = factors[1]
             total = reduce.sum_to_like(reduce.sum(V, axis=(0,)), like if like.kind == CONST else invariant[id(like)])
         mapping.append(ew.add(inits[k], total))

@@ -160,3 +160,27 @@ def test_stacks_reused_across_calls_never_overwrite_what_a_caller_holds():
     second = f(x2, h0)
     np.testing.assert_array_equal(first, kept)
     assert not np.array_equal(first, second)
+
+
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("limit", [{"n_steps": 4}, {"truncate": 3}])
+def test_products_of_two_sequences_cover_only_the_steps_that_ran(go_backwards, limit):
+    """acc += x_tᵀ y_t over sequences longer than the loop runs: unrun rows must not count."""
+    xt, yt = input_value(TensorType((B, I)), "x"), input_value(TensorType((B, H)), "y")
+    acc = input_value(TensorType((I, H)), "acc")
+    body = Graph([xt, yt, acc], [E.add(acc, L.matmul(cgvm.ops.shape.transpose(xt, perm=(1, 0)), yt))],
+                 name="gram")
+    X, Y = input_value(TensorType((6, B, I)), "X"), input_value(TensorType((6, B, H)), "Y")
+    acc0 = input_value(TensorType((I, H)), "acc0")
+    final = C.scan(X, Y, acc0, body=body, n_seqs=2, n_carry=1, stacked=(), go_backwards=go_backwards, **limit)
+    final = final[0] if isinstance(final, tuple) else final
+    pushed = cgvm.compile([X, Y, acc0], final)
+    assert _scans(pushed)[0].attrs["n_carry"] == 0
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((6, B, I)), rng.standard_normal((6, B, H))
+    x, y = x.astype(np.float32), y.astype(np.float32)
+    steps = limit.get("n_steps", 6)
+    ran = min(steps, limit.get("truncate", steps))
+    order = [steps - 1 - t for t in range(ran)] if go_backwards else list(range(ran))
+    want = sum(x[i].T @ y[i] for i in order)
+    np.testing.assert_allclose(pushed(x, y, np.zeros((I, H), np.float32)), want, rtol=1e-5, atol=1e-5)
