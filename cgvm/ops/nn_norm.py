@@ -97,11 +97,25 @@ lrn = defop("lrn", pattern=OPAQUE, infer=_lrn_infer, inplace=((0, 0),), attrs=_L
                 "an n x n window) within a channel (k unused there).")
 
 
+#: LRN works on this many bytes of samples at a time: its temporaries (x², window sums) stay
+#: cache-sized instead of two copies of a whole activation (AlexNet's norm1: 2 x 18 MiB)
+LRN_CHUNK_BYTES = 1 << 20
+
+
+def _sample_chunks(x) -> list:
+    per_sample = max(1, x.nbytes // max(x.shape[0], 1))
+    step = max(1, LRN_CHUNK_BYTES // per_sample)
+    return [slice(i, i + step) for i in range(0, x.shape[0], step)]
+
+
 @lrn.kernel
 def _(xp, x, *, local_size, norm_region, alpha, beta, k, out=None):
-    s = _lrn_scale(xp, x, local_size, norm_region, alpha, k)
-    xp.power(s, -beta, out=s)
-    return xp.multiply(x, s, out=out)
+    out = xp.empty_like(x) if out is None else out
+    for part in _sample_chunks(x):   # samples are independent: both windows stay inside one sample
+        s = _lrn_scale(xp, x[part], local_size, norm_region, alpha, k)
+        xp.power(s, -beta, out=s)
+        xp.multiply(x[part], s, out=out[part])
+    return out
 
 
 @lrn.grad
@@ -117,17 +131,20 @@ lrn_grad = defop("lrn_grad", num_inputs=2, pattern=OPAQUE, infer=_lrn_infer, att
 def _(xp, g, x, *, local_size, norm_region, alpha, beta, k, out=None):
     # dx = g s^-beta - (2 alpha beta / n) x W(g x s^(-beta-1)), W the (self-adjoint) window sum
     coef, _ = _lrn_coefficients(local_size, norm_region, alpha, k)
-    s = _lrn_scale(xp, x, local_size, norm_region, alpha, k)
-    p = xp.power(s, -beta)
-    inner = g * x
-    inner *= p
-    inner /= s
-    back = _lrn_window(xp, inner, local_size, norm_region)
-    back *= x
-    back *= 2.0 * coef * beta
-    r = xp.multiply(g, p, out=out)
-    r -= back
-    return r
+    out = xp.empty_like(g) if out is None else out
+    for part in _sample_chunks(x):
+        xs, gs = x[part], g[part]
+        s = _lrn_scale(xp, xs, local_size, norm_region, alpha, k)
+        p = xp.power(s, -beta)
+        inner = gs * xs
+        inner *= p
+        inner /= s
+        back = _lrn_window(xp, inner, local_size, norm_region)
+        back *= xs
+        back *= 2.0 * coef * beta
+        r = xp.multiply(gs, p, out=out[part])
+        r -= back
+    return out
 
 
 @lrn_grad.grad

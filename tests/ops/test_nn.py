@@ -415,3 +415,20 @@ def test_embedding_needs_integer_indices():
 def test_unknown_norm_region_is_refused():
     with pytest.raises(GraphBuildError, match=r"norm_region.*test_nn\.py"):
         nn.lrn(_sym((2, 4, 3, 3)), norm_region="ACROSS")
+
+
+@pytest.mark.parametrize("region", ["ACROSS_CHANNELS", "WITHIN_CHANNEL"])
+def test_lrn_in_sample_chunks_matches_the_whole_batch(monkeypatch, region):
+    """LRN runs a few samples at a time to bound its temporaries; chunking must not change a value."""
+    from cgvm.ops import nn_norm
+
+    rng = np.random.default_rng(5)
+    x, g = rng.standard_normal((7, 6, 5, 4)), rng.standard_normal((7, 6, 5, 4))
+    attrs = dict(local_size=3, norm_region=region, alpha=0.7, beta=0.75, k=2.0)
+    fwd = nn_norm.lrn.bind(np, attrs)
+    bwd = nn_norm.lrn_grad.bind(np, attrs)
+    whole_y, whole_dx = fwd(x), bwd(g, x)
+    monkeypatch.setattr(nn_norm, "LRN_CHUNK_BYTES", x[0].nbytes * 2)   # chunks of 2 samples (and a last of 1)
+    assert len(nn_norm._sample_chunks(x)) == 4
+    np.testing.assert_allclose(fwd(x), whole_y, rtol=1e-14)
+    np.testing.assert_allclose(bwd(g, x), whole_dx, rtol=1e-14)
