@@ -131,3 +131,90 @@ def test_cgvm_file_loads_in_keras(tmp_path):
     theirs = keras.saving.load_model(tmp_path / "c.keras")
     x = np.random.default_rng(0).random((3, 5), dtype=np.float32)
     np.testing.assert_allclose(theirs.predict(x, verbose=0), mine.predict(x, verbose=0), atol=1e-6)
+
+
+# --------------------------------------------------------------------------- masking
+
+def _masked_models(lib):
+    """The same four masked architectures built with real Keras (``lib=keras``) or cgvm."""
+    L = lib.layers
+    ids = lib.Input((6,), dtype="int32")
+    emb = L.Embedding(12, 4, mask_zero=True)
+    lstm = lib.Model(ids, L.Dense(2)(L.LSTM(5)(emb(ids))), name="emb_lstm")
+    ids2 = lib.Input((6,), dtype="int32")
+    gru = L.GRU(4, return_sequences=True)(L.Embedding(12, 4, mask_zero=True)(ids2))
+    gru_gap = lib.Model(ids2, L.Dense(2)(L.GlobalAveragePooling1D()(gru)), name="emb_gru_gap")
+    ids3 = lib.Input((6,), dtype="int32")
+    bidi = lib.Model(ids3, L.Bidirectional(L.LSTM(3, return_sequences=True))(
+        L.Embedding(12, 4, mask_zero=True)(ids3)), name="emb_bidi")
+    seq = lib.Sequential([lib.Input((6, 3)), L.Masking(0.0), L.SimpleRNN(4), L.Dense(2)], name="masking_rnn")
+    return {"lstm": lstm, "gru_gap": gru_gap, "bidi": bidi, "masking": seq}
+
+
+def _masked_data(name):
+    rng = np.random.default_rng(7)
+    if name == "masking":
+        x = rng.normal(size=(4, 6, 3)).astype("float32")
+        x[0, 4:] = 0.0
+        x[1, :2] = 0.0
+        x[2, 3] = 0.0
+        y = rng.normal(size=(4, 2)).astype("float32")
+        return x, y
+    x = rng.integers(1, 12, (4, 6)).astype("int32")
+    x[0, 4:] = 0
+    x[1, :3] = 0
+    x[2, 2] = 0
+    y = rng.normal(size=(4, 6, 6) if name == "bidi" else (4, 2)).astype("float32")
+    return x, y
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru_gap", "bidi", "masking"])
+def test_masked_models_match_keras(name, tmp_path):
+    keras.utils.set_random_seed(11)
+    theirs = _masked_models(keras)[name]
+    mine = _masked_models(ckeras)[name]
+    _perturb(theirs)
+    mine.set_weights(theirs.get_weights())
+    x, y = _masked_data(name)
+    expected = theirs.predict(x, verbose=0)
+    np.testing.assert_allclose(mine.predict(x, verbose=0), expected, atol=1e-5, rtol=1e-5)
+    for ext in ("keras", "h5"):  # a file saved by Keras (its config passes mask=not_equal(ids, 0) on)
+        theirs.save(tmp_path / f"m.{ext}")
+        loaded = ckeras.load_model(tmp_path / f"m.{ext}")
+        np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, atol=1e-5, rtol=1e-5)
+    # one SGD step from the same weights: same loss, same weights
+    theirs.compile(keras.optimizers.SGD(0.1), "mse")
+    mine.compile(ckeras.optimizers.SGD(0.1), "mse")
+    lt = float(theirs.train_on_batch(x, y))
+    lm = float(mine.train_on_batch(x, y))
+    np.testing.assert_allclose(lm, lt, rtol=1e-5, atol=1e-6)
+    for a, b in zip(mine.get_weights(), theirs.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_masked_sequence_loss_matches_keras():
+    """Keras weights a sequence loss (and metrics) by the prediction's mask: the mean over valid steps."""
+    def build(lib):
+        ids = lib.Input((6,), dtype="int32")
+        s = lib.layers.LSTM(4, return_sequences=True)(lib.layers.Embedding(12, 3, mask_zero=True)(ids))
+        return lib.Model(ids, lib.layers.TimeDistributed(lib.layers.Dense(2))(s))
+
+    keras.utils.set_random_seed(2)
+    theirs, mine = build(keras), build(ckeras)
+    _perturb(theirs)
+    mine.set_weights(theirs.get_weights())
+    x, _ = _masked_data("lstm")
+    y = np.random.default_rng(3).normal(size=(4, 6, 2)).astype("float32")
+    theirs.compile(keras.optimizers.SGD(0.05), "mse", metrics=["mae"])
+    mine.compile(ckeras.optimizers.SGD(0.05), "mse", metrics=["mae"])
+    ev_t, ev_m = theirs.evaluate(x, y, verbose=0), mine.evaluate(x, y, verbose=0)
+    np.testing.assert_allclose(ev_m, ev_t, rtol=1e-5)
+    p = theirs.predict(x, verbose=0)
+    unmasked = float(((p - y) ** 2).mean())
+    assert abs(ev_t[0] - unmasked) > 1e-3  # the mask really changes the loss
+    for _ in range(2):
+        np.testing.assert_allclose(mine.train_on_batch(x, y), theirs.train_on_batch(x, y), rtol=1e-5)
+    for a, b in zip(mine.get_weights(), theirs.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+

@@ -98,6 +98,12 @@ def to_value(x: Any) -> Value:
     return as_value(x)
 
 
+def get_mask(x: Any) -> Optional[Value]:
+    """The Keras mask attached to ``x`` (None for anything but a masked KerasTensor)."""
+    mask = getattr(x, "_keras_mask", None) if isinstance(x, KerasTensor) else None
+    return None if mask is None else to_value(mask)
+
+
 def is_symbolic(x: Any) -> bool:
     return isinstance(x, (Value, KerasTensor)) or hasattr(x, "__cgvm_value__")
 
@@ -107,16 +113,19 @@ class KerasTensor:
 
     ``_keras_history`` is ``(layer, node_index, tensor_index)`` for outputs of recorded layer
     calls (the functional API), None for intermediate tensors inside a layer's ``call``.
+    ``_keras_mask`` is the tensor's Keras mask: a bool Value (usually (batch, time)) or None.
     Python operators build cgvm nodes (recorded as operation layers in functional models).
     """
 
     __array_priority__ = 1000
     __array_ufunc__ = None
 
-    def __init__(self, value: Value, history: Optional[Tuple[Any, int, int]] = None, name: Optional[str] = None):
+    def __init__(self, value: Value, history: Optional[Tuple[Any, int, int]] = None, name: Optional[str] = None,
+                 mask: Optional[Value] = None):
         self.value = value
         self._keras_history = history
         self.name = name
+        self._keras_mask = mask
 
     def __cgvm_value__(self) -> Value:
         return self.value

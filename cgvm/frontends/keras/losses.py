@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, Optional
 
+from ...errors import GraphBuildError
 from ...ir.graph import Value
 from ...ops import elementwise as ew
 from ...ops import elementwise_math as em
@@ -174,8 +175,8 @@ class Loss:
     def per_sample(self, y_true: Any, y_pred: Any) -> Value:
         return type(self).fn(y_true, y_pred, **self.options)
 
-    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Value:
-        return reduce_loss(self.per_sample(y_true, y_pred), sample_weight, self.reduction)
+    def __call__(self, y_true: Any, y_pred: Any, sample_weight: Any = None, mask: Any = None) -> Value:
+        return reduce_loss(self.per_sample(y_true, y_pred), sample_weight, self.reduction, mask=mask)
 
     def get_config(self) -> Dict[str, Any]:
         return {"name": self.name, "reduction": self.reduction, **self.options}
@@ -191,8 +192,39 @@ def _snake(name: str) -> str:
     return snake_case(name)
 
 
-def reduce_loss(per_sample: Value, sample_weight: Any = None, reduction: str = "sum_over_batch_size") -> Value:
-    """Keras' reductions: "sum_over_batch_size" divides the weighted sum by the element count."""
+def masked_weights(sample_weight: Any, mask: Any, dtype: Any) -> Value:
+    """Sample weights times the prediction's mask (as floats), broadcast to the mask's shape."""
+    m = to_value(mask)
+    m = ew.cast(m, dtype=dtype)
+    if sample_weight is None:
+        return m
+    w = to_value(sample_weight)
+    w = w if w.dtype is m.dtype else ew.cast(w, dtype=m.dtype)
+    while w.ndim < m.ndim:
+        w = shp.expand_dims(w, axis=[w.ndim])
+    return ew.mul(m, w)
+
+
+def reduce_loss(per_sample: Value, sample_weight: Any = None, reduction: str = "sum_over_batch_size",
+                mask: Any = None) -> Value:
+    """Keras' reductions: "sum_over_batch_size" divides the weighted sum by the element count.
+
+    A ``mask`` (the prediction's Keras mask, e.g. (batch, time) on a sequence output) joins the
+    sample weights, and for the mean reductions the sum is divided by the number of unmasked
+    entries instead of all of them (Keras 3's ``apply_mask``)."""
+    if mask is not None:
+        m = ew.cast(to_value(mask), dtype=per_sample.dtype)
+        if m.ndim > per_sample.ndim:
+            raise GraphBuildError(f"a mask of shape {tuple(m.shape)} cannot weight per-sample losses of shape "
+                                  f"{tuple(per_sample.shape)}")
+        weights = masked_weights(sample_weight, m, per_sample.dtype)
+        if reduction in ("mean", "sum_over_batch_size"):
+            # valid entries weigh total/valid, so the mean over all entries is the mean over valid ones
+            total = red.reduced_count(m, None, m.dtype)
+            valid = red.sum(m)
+            scale = ew.where(ew.gt(valid, 0.0), ew.div(total, ew.maximum(valid, 1.0)), 0.0)
+            weights = ew.mul(weights, scale)
+        return reduce_loss(per_sample, weights, "sum_over_batch_size" if reduction == "mean" else reduction)
     v = per_sample
     if sample_weight is not None:
         w = to_value(sample_weight)

@@ -62,10 +62,16 @@ class Model(TrainingMixin, Layer):
 
     def forward(self, values: Sequence[Value], training: bool) -> List[Value]:
         """Output Values of the model on input Values, in the scope's mode (training or inference)."""
+        return self.forward_with_masks(values, training)[0]
+
+    def forward_with_masks(self, values: Sequence[Value], training: bool
+                           ) -> Tuple[List[Value], List[Optional[Value]]]:
+        """The outputs and their Keras masks (None where an output has none; losses honour them)."""
         structure = values[0] if len(values) == 1 else list(values)
         with K.inside_call():
             out = self._run((map_structure(KerasTensor, structure),), {"training": training})
-        return [to_value(o) for o in flatten(out)]
+        leaves = flatten(out)
+        return [to_value(o) for o in leaves], [K.get_mask(o) for o in leaves]
 
     def build(self, input_shape: Any) -> None:
         self.built = True
@@ -179,18 +185,24 @@ class Functional(Model):
     def input_names(self) -> List[str]:
         return [t._keras_history[0].name for t in self.inputs]
 
-    def call(self, inputs: Any, training: Any = None) -> Any:
-        values = [to_value(v) for v in flatten(inputs)]
+    def call(self, inputs: Any, training: Any = None, mask: Any = None) -> Any:
+        leaves = flatten(inputs)
+        values = [to_value(v) for v in leaves]
         if len(values) != len(self.inputs):
             raise GraphBuildError(f"model {self.name!r} takes {len(self.inputs)} inputs, got {len(values)}")
-        memo: Dict[int, Any] = {id(t): KerasTensor(v) for t, v in zip(self.inputs, values)}
+        masks = flatten(mask) if mask is not None else [K.get_mask(v) for v in leaves]
+        if len(masks) != len(values):
+            masks = [None] * len(values)
+        memo: Dict[int, Any] = {id(t): KerasTensor(v, mask=None if m is None else to_value(m))
+                                for t, v, m in zip(self.inputs, values, masks)}
 
         def substitute(x: Any) -> Any:
             return memo.get(id(x), x) if isinstance(x, KerasTensor) else x
 
         for node in self._nodes:
             kwargs = map_structure(substitute, node.kwargs)
-            if kwargs.get("training") is None:
+            # as in Keras, the model's mode wins over one recorded in the call (saved files record False)
+            if training is not None or kwargs.get("training") is None:
                 kwargs["training"] = training
             outs = flatten(node.layer._run(map_structure(substitute, node.args), kwargs))
             for old, new in zip(node.outputs, outs):

@@ -27,6 +27,7 @@ from .backend import KerasTensor, flatten
 from .layers.base import InputLayer, Layer, registry
 from .layers.core import Lambda
 from .layers.recurrent import RNNBase
+from .layers.operations import KerasOperation, is_operation_entry
 from .layers.wrappers import Bidirectional, TimeDistributed
 from .serialization import KerasConfigError, custom_objects
 
@@ -81,10 +82,13 @@ def functional_config(model: Any) -> Dict[str, Any]:
     node_ids: Dict[int, int] = {}
     layers = []
     for layer in model.layers:
-        if isinstance(layer, OperationLayer):
+        if isinstance(layer, KerasOperation):
+            entry = layer.serialize()
+        elif isinstance(layer, OperationLayer):
             raise KerasConfigError(f"model {model.name!r} uses a tensor operation ({layer.name}) outside layers; "
                                    "wrap it in a Lambda or a custom layer to save the model")
-        entry = serialize_layer(layer)
+        else:
+            entry = serialize_layer(layer)
         entry["name"] = layer.name
         nodes = []
         for node in layer._inbound_nodes:
@@ -200,7 +204,11 @@ def _functional_from_config(config: Dict[str, Any]) -> Any:
     outputs: Dict[Tuple[str, int], List[KerasTensor]] = {}
     for entry in config["layers"]:
         lname = entry.get("name") or entry["config"]["name"]
-        if entry["class_name"] == "InputLayer":
+        if is_operation_entry(entry):  # e.g. the not_equal(ids, 0) mask of an Embedding(mask_zero=True)
+            layer = KerasOperation(entry["class_name"], dict(entry.get("config") or {}, name=lname),
+                                   module=entry.get("module") or "keras.src.ops.numpy")
+            pending.extend((layer, _normalize_node(n)) for n in entry.get("inbound_nodes", []))
+        elif entry["class_name"] == "InputLayer":
             c = dict(entry["config"])
             layer = InputLayer(batch_shape=c.get("batch_shape") or c.get("batch_input_shape"), dtype=c.get("dtype"),
                                name=lname)
@@ -218,7 +226,8 @@ def _functional_from_config(config: Dict[str, Any]) -> Any:
             if not all((r[0], r[1]) in outputs for r in _refs_in(node)):
                 continue
             args = _substitute(node.get("args", []), outputs)
-            kwargs = {k: v for k, v in _substitute(node.get("kwargs", {}), outputs).items() if k != "mask"}
+            # explicit masks (Keras saves the masks it passed, e.g. mask=not_equal(ids, 0)) are kept
+            kwargs = dict(_substitute(node.get("kwargs", {}), outputs))
             out = layer(*args, **kwargs)
             index = node_counts.get(layer.name, 0)
             node_counts[layer.name] = index + 1

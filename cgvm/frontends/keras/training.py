@@ -98,21 +98,23 @@ class TrainingMixin:
         return out
 
     # -- graphs
-    def _build_losses(self, outs: List[Value], ys: List[Value], sws: List[Value]):
+    def _build_losses(self, outs: List[Value], ys: List[Value], sws: List[Value],
+                      masks: Optional[List[Optional[Value]]] = None):
         names = self.output_names
         loss_fns = [losses_mod.get(l) for l in _per_output(self.loss, names, "loss")]
         weights = _per_output(self.loss_weights, names, "loss_weights", 1.0) if self.loss_weights is not None \
             else [1.0] * len(names)
         per_output: List[Optional[Value]] = []
         total: Optional[Value] = None
-        for out, y, sw, fn, w in zip(outs, ys, sws, loss_fns, weights):
+        masks = masks or [None] * len(outs)
+        for out, y, sw, fn, w, mask in zip(outs, ys, sws, loss_fns, weights, masks):
             if fn is None:
                 per_output.append(None)
                 continue
             if isinstance(fn, losses_mod.Loss):
-                value = fn(y, out, sw)
+                value = fn(y, out, sw, mask=mask)
             else:
-                value = losses_mod.reduce_loss(fn(y, out), sw)
+                value = losses_mod.reduce_loss(fn(y, out), sw, mask=mask)
             per_output.append(value)
             term = value if w in (None, 1.0) else ew.mul(value, float(w))
             total = term if total is None else ew.add(total, term)
@@ -120,17 +122,20 @@ class TrainingMixin:
             raise GraphBuildError(f"model {self.name!r}: no output has a loss")
         return total, per_output, loss_fns
 
-    def _build_metrics(self, outs, ys, sws, loss_fns, y_arrays) -> Tuple[List[str], List[Value]]:
+    def _build_metrics(self, outs, ys, sws, loss_fns, y_arrays, masks=None) -> Tuple[List[str], List[Value]]:
         names = self.output_names
         spec = _per_output(self._metric_spec, names, "metrics") if self._metric_spec is not None else \
             [[] for _ in names]
         labels, values = [], []
+        masks = masks or [None] * len(outs)
         for k, (out, y, sw, mspec, lf) in enumerate(zip(outs, ys, sws, spec, loss_fns)):
+            # Keras weights a metric's values by the prediction's mask (masked steps count zero)
+            weight = sw if masks[k] is None else losses_mod.masked_weights(sw, masks[k], out.dtype)
             for m in _as_list(mspec):
                 metric = metrics_mod.get(m, loss=lf, y_true_ndim=y_arrays[k].ndim, y_pred_shape=out.shape)
                 label = metric.name if len(names) == 1 else f"{names[k]}_{metric.name}"
                 labels.append(label)
-                values.append(metric.batch_value(y, out, sw))
+                values.append(metric.batch_value(y, out, weight))
         return labels, values
 
     def _regularization(self) -> Optional[Value]:
@@ -149,11 +154,11 @@ class TrainingMixin:
         seed = input_value(TensorType((), "int64"), "seed")
         scope = K.BuildScope(training=train, seed=seed if train else None)
         with K.build_scope(scope):
-            outs = self.forward(x_vals, training=train)
+            outs, masks = self.forward_with_masks(x_vals, training=train)
             if len(outs) != len(ys):
                 raise ValueError(f"model {self.name!r} has {len(outs)} outputs but {len(ys)} targets were given")
-            total, per_output, loss_fns = self._build_losses(outs, y_vals, sw_vals)
-            labels, metric_values = self._build_metrics(outs, y_vals, sw_vals, loss_fns, ys)
+            total, per_output, loss_fns = self._build_losses(outs, y_vals, sw_vals, masks)
+            labels, metric_values = self._build_metrics(outs, y_vals, sw_vals, loss_fns, ys, masks)
         extra = [v for v in [self._regularization()] + list(scope.losses) if v is not None]
         for term in extra:
             total = ew.add(total, ew.cast(term, dtype=total.dtype) if term.dtype is not total.dtype else term)

@@ -2,8 +2,8 @@
 from .base import Input, InputLayer, Layer, Node, OperationLayer, registry
 from .conv import (Conv1D, Conv2D, Conv2DTranspose, Conv3D, DepthwiseConv2D, SeparableConv2D, ZeroPadding1D,
                    ZeroPadding2D)
-from .core import (ELU, Activation, Dense, Dropout, Embedding, Flatten, Lambda, LeakyReLU, Permute, PReLU, ReLU,
-                   RepeatVector, Rescaling, Reshape, Softmax)
+from .core import (ELU, Activation, Dense, Dropout, Embedding, Flatten, Lambda, LeakyReLU, Masking, Permute, PReLU,
+                   ReLU, RepeatVector, Rescaling, Reshape, Softmax)
 from .merge import (Add, Average, Concatenate, Dot, Maximum, Minimum, Multiply, Subtract, add, average,
                     concatenate, multiply, subtract)
 from .normalization import BatchNormalization, LayerNormalization
@@ -12,3 +12,4 @@ from .pooling import (AveragePooling1D, AveragePooling2D, AveragePooling3D, AvgP
                       GlobalMaxPooling2D, GlobalMaxPooling3D, MaxPool2D, MaxPooling1D, MaxPooling2D, MaxPooling3D)
 from .recurrent import GRU, LSTM, SimpleRNN
 from .wrappers import Bidirectional, TimeDistributed
+from .operations import KerasOperation

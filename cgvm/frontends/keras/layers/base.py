@@ -3,7 +3,10 @@
 ``Layer.__call__`` takes KerasTensors, cgvm Values or anything with ``__cgvm_value__`` (a
 Theano-style variable, a Caffe blob's value), builds the layer's weights on first use, runs
 ``call`` on KerasTensor wrappers, and returns KerasTensors that wrap the output Values and expose
-``__cgvm_value__``. At top level it also records a ``Node`` (inputs, kwargs, outputs) so that a
+``__cgvm_value__``. Masks travel as in Keras 3: a KerasTensor's ``_keras_mask`` (a bool Value,
+usually (batch, time)) is handed to ``call(mask=...)`` when ``call`` takes ``mask`` and the call has
+one tensor argument, and layers that support masking set their outputs' masks from
+``compute_mask(inputs, mask)`` (by default: the input mask, unchanged). At top level it also records a ``Node`` (inputs, kwargs, outputs) so that a
 functional ``Model`` can replay the calls later in training or inference mode; called on NumPy
 arrays it runs eagerly and returns arrays.
 """
@@ -47,7 +50,13 @@ class Node:
 
 
 class Layer:
-    """Base of all layers. Subclasses define ``build(input_shape)`` (weights via ``add_weight``) and ``call``."""
+    """Base of all layers. Subclasses define ``build(input_shape)`` (weights via ``add_weight``) and ``call``.
+
+    ``supports_masking``: the layer passes a mask on to its outputs (through ``compute_mask``); a
+    layer that overrides ``compute_mask`` supports masking without saying so, as in Keras.
+    """
+
+    supports_masking = False
 
     def __init__(self, trainable: bool = True, name: Optional[str] = None, dtype: Any = None, **kwargs: Any):
         self._layers_tracked: List[Layer] = []
@@ -58,7 +67,6 @@ class Layer:
         self.dtype = _dtype_name(dtype)
         self._inbound_nodes: List[Node] = []
         self._batch_input_shape = None
-        self.supports_masking = False
         shape = kwargs.pop("input_shape", None)
         batch_shape = kwargs.pop("batch_input_shape", None) or kwargs.pop("batch_shape", None)
         if shape is not None:
@@ -143,6 +151,15 @@ class Layer:
     def call(self, inputs: Any, *args: Any, **kwargs: Any) -> Any:
         raise GraphBuildError(f"layer {self.name!r} ({type(self).__name__}) does not define call()")
 
+    def compute_mask(self, inputs: Any, mask: Any = None) -> Any:
+        """The mask of the outputs given the first input and its mask (Keras: the mask unchanged)."""
+        return mask
+
+    def _propagates_mask(self) -> bool:
+        if "supports_masking" in vars(self) or type(self).supports_masking:
+            return bool(self.supports_masking)
+        return type(self).compute_mask is not Layer.compute_mask
+
     def add_loss(self, loss: Any) -> None:
         """A loss term (a tensor built in ``call``) added to the training loss."""
         K.current_scope().losses.append(to_value(loss))
@@ -178,7 +195,8 @@ class Layer:
         return outputs
 
     def _run(self, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-        """Build if needed and run ``call`` on KerasTensors; returns fresh KerasTensors (no history)."""
+        """Build if needed and run ``call`` on KerasTensors; returns fresh KerasTensors (no history)
+        carrying the output masks."""
         if not args:
             raise GraphBuildError(f"layer {self.name!r} called without inputs")
         self._maybe_build(args[0])
@@ -189,6 +207,7 @@ class Layer:
                 kwargs["training"] = K.current_scope().training
         else:
             kwargs.pop("training", None)
+        previous_mask = _fill_mask_argument(args, kwargs, "mask" in params)
         if "mask" not in params:
             kwargs.pop("mask", None)
         with K.inside_call(), source_scope(f"keras layer {self.name!r} ({type(self).__name__})"):
@@ -197,7 +216,10 @@ class Layer:
                 for o in flatten(out):
                     K.current_scope().losses.append(
                         _divide_by_batch(self.activity_regularizer(o), to_value(o)))
-        return map_structure(lambda o: KerasTensor(to_value(o)), out)
+            result = map_structure(lambda o: KerasTensor(to_value(o), mask=K.get_mask(o)), out)
+            if self._propagates_mask():
+                _set_output_masks(result, self.compute_mask(args[0], previous_mask))
+        return result
 
     # -- introspection of recorded calls
     def _node_tensor(self, which: str, index: int = 0) -> Any:
@@ -260,6 +282,35 @@ def _divide_by_batch(term: Value, like: Value) -> Value:
 
     batch = indexing.slice(shp.shape_of(like), starts=[0], stops=[1])
     return ew.div(term, ew.cast(shp.squeeze(batch, axis=[0]), dtype=term.dtype))
+
+
+def _fill_mask_argument(args: Tuple[Any, ...], kwargs: Dict[str, Any], takes_mask: bool) -> Any:
+    """Put the input's mask into ``kwargs["mask"]`` as Keras does (only when ``call`` takes ``mask``,
+    none was given and the call has exactly one tensor argument); returns the mask the outputs
+    inherit: the given or filled-in one, else that of the first argument."""
+    if takes_mask and kwargs.get("mask") is None:
+        tensor_args = [a for a in list(args) + [v for k, v in kwargs.items() if k not in ("mask", "training")]
+                       if any(K.is_symbolic(leaf) for leaf in flatten(a))]
+        if len(tensor_args) == 1:
+            found = map_structure(K.get_mask, tensor_args[0])
+            if any(m is not None for m in flatten(found)):
+                kwargs["mask"] = found
+    if kwargs.get("mask") is not None:
+        return kwargs["mask"]
+    return map_structure(K.get_mask, args[0])
+
+
+def _set_output_masks(outputs: Any, masks: Any) -> None:
+    """Attach ``masks`` (one, or a structure matching the outputs) to outputs that have none yet."""
+    if masks is None:
+        return
+    flat_out = flatten(outputs)
+    if all(t._keras_mask is not None for t in flat_out):
+        return
+    flat_masks = flatten(masks) if isinstance(masks, (list, tuple, dict)) else [masks]
+    for t, m in zip(flat_out, flat_masks):
+        if t._keras_mask is None and m is not None:
+            t._keras_mask = to_value(m)
 
 
 def _as_tensor(x: Any) -> Any:

@@ -1,5 +1,8 @@
-"""Core layers: Dense, Activation, Dropout, Flatten, Reshape, Permute, RepeatVector, Embedding, Lambda,
-and the activation layers ReLU, LeakyReLU, Softmax, ELU, PReLU, Rescaling."""
+"""Core layers: Dense, Activation, Dropout, Flatten, Reshape, Permute, RepeatVector, Embedding, Masking,
+Lambda, and the activation layers ReLU, LeakyReLU, Softmax, ELU, PReLU, Rescaling.
+
+Mask producers are Embedding(mask_zero=True) and Masking; the per-element layers here pass a mask
+on unchanged (``supports_masking``), the reshaping ones drop it, as in Keras 3."""
 from __future__ import annotations
 
 import base64
@@ -13,6 +16,7 @@ from ....ops import elementwise as ew
 from ....ops import elementwise_math as em
 from ....ops import linalg
 from ....ops import nn
+from ....ops import reduce as red
 from ....ops import shape as shp
 from .. import activations
 from .. import constraints as constraints_mod
@@ -49,6 +53,9 @@ def make_weight(layer: Layer, name: str, shape: Sequence[int], prefix: str, trai
 class Dense(Layer):
     """``activation(x @ kernel + bias)`` on the last axis; kernel (in, units)."""
 
+    supports_masking = True
+
+
     def __init__(self, units: int, activation: Any = None, use_bias: bool = True,
                  kernel_initializer: Any = "glorot_uniform", bias_initializer: Any = "zeros",
                  kernel_regularizer: Any = None, bias_regularizer: Any = None, kernel_constraint: Any = None,
@@ -82,6 +89,8 @@ class Dense(Layer):
 
 @registry.register()
 class Activation(Layer):
+    supports_masking = True
+
     def __init__(self, activation: Any, **kwargs: Any):
         super().__init__(**kwargs)
         self.activation = activations.get(activation)
@@ -95,6 +104,8 @@ class Activation(Layer):
 
 @registry.register()
 class ReLU(Layer):
+    supports_masking = True
+
     def __init__(self, max_value: Optional[float] = None, negative_slope: float = 0.0, threshold: float = 0.0,
                  **kwargs: Any):
         super().__init__(**kwargs)
@@ -110,6 +121,8 @@ class ReLU(Layer):
 
 @registry.register()
 class LeakyReLU(Layer):
+    supports_masking = True
+
     def __init__(self, negative_slope: float = 0.3, **kwargs: Any):
         alpha = kwargs.pop("alpha", None)
         super().__init__(**kwargs)
@@ -124,6 +137,8 @@ class LeakyReLU(Layer):
 
 @registry.register()
 class ELU(Layer):
+    supports_masking = True
+
     def __init__(self, alpha: float = 1.0, **kwargs: Any):
         super().__init__(**kwargs)
         self.alpha = float(alpha)
@@ -137,12 +152,20 @@ class ELU(Layer):
 
 @registry.register()
 class Softmax(Layer):
+    supports_masking = True
+
     def __init__(self, axis: int = -1, **kwargs: Any):
         super().__init__(**kwargs)
         self.axis = axis
 
-    def call(self, inputs):
-        return nn.softmax(to_value(inputs), axis=self.axis)
+    def call(self, inputs, mask=None):
+        x = to_value(inputs)
+        if mask is None:
+            return nn.softmax(x, axis=self.axis)
+        # Keras: masked entries take a large negative logit, then read as zero
+        keep = _broadcastable_mask(to_value(mask), x, self.name)
+        out = nn.softmax(ew.where(keep, x, _large_negative(x)), axis=self.axis)
+        return ew.where(keep, out, 0.0)
 
     def get_config(self):
         return {**super().get_config(), "axis": self.axis}
@@ -151,6 +174,9 @@ class Softmax(Layer):
 @registry.register()
 class PReLU(Layer):
     """``x`` where positive, ``alpha * x`` elsewhere; alpha has the input's shape without the batch axis."""
+
+    supports_masking = True
+
 
     def __init__(self, alpha_initializer: Any = "zeros", alpha_regularizer: Any = None, alpha_constraint: Any = None,
                  shared_axes: Any = None, **kwargs: Any):
@@ -177,6 +203,9 @@ class PReLU(Layer):
 @registry.register()
 class Dropout(Layer):
     """Inverted dropout while training (scaled by 1/(1-rate)); the identity at inference."""
+
+    supports_masking = True
+
 
     def __init__(self, rate: float, noise_shape: Any = None, seed: Optional[int] = None, **kwargs: Any):
         super().__init__(**kwargs)
@@ -260,6 +289,8 @@ class RepeatVector(Layer):
 
 @registry.register()
 class Rescaling(Layer):
+    supports_masking = True
+
     def __init__(self, scale: float, offset: float = 0.0, **kwargs: Any):
         super().__init__(**kwargs)
         self.scale, self.offset = scale, offset
@@ -282,7 +313,8 @@ class Embedding(Layer):
         kwargs.pop("lora_rank", None)
         kwargs.pop("lora_alpha", None)
         super().__init__(**kwargs)
-        self.input_dim, self.output_dim, self.mask_zero = int(input_dim), int(output_dim), mask_zero
+        self.input_dim, self.output_dim, self.mask_zero = int(input_dim), int(output_dim), bool(mask_zero)
+        self.supports_masking = self.mask_zero
         init = "random_uniform" if embeddings_initializer == "uniform" else embeddings_initializer
         weight_args(self, "embeddings", init, embeddings_regularizer, embeddings_constraint)
 
@@ -296,9 +328,56 @@ class Embedding(Layer):
             x = ew.cast(x, dtype="int64")
         return nn.embedding(x, self.embeddings.value)
 
+    def compute_mask(self, inputs, mask=None):
+        """``ids != 0`` when ``mask_zero`` (id 0 is padding), else no mask."""
+        if not self.mask_zero:
+            return None
+        return ew.ne(to_value(inputs), 0)
+
     def get_config(self):
         return {**super().get_config(), "input_dim": self.input_dim, "output_dim": self.output_dim,
                 "mask_zero": self.mask_zero, **weight_config(self, "embeddings")}
+
+
+@registry.register()
+class Masking(Layer):
+    """Masks time steps whose features all equal ``mask_value``: the mask is
+    ``any(x != mask_value, axis=-1)`` and masked steps of the output are zero."""
+
+    supports_masking = True
+
+    def __init__(self, mask_value: float = 0.0, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.mask_value = float(mask_value)
+
+    def _keep(self, x: Value) -> Value:
+        differs = ew.cast(ew.ne(x, self.mask_value), dtype=x.dtype)
+        return ew.gt(red.max(differs, axis=[x.ndim - 1]), 0.0)
+
+    def call(self, inputs):
+        x = to_value(inputs)
+        keep = shp.expand_dims(self._keep(x), axis=[x.ndim - 1])
+        return ew.where(keep, x, 0.0)
+
+    def compute_mask(self, inputs, mask=None):
+        return self._keep(to_value(inputs))
+
+    def get_config(self):
+        return {**super().get_config(), "mask_value": self.mask_value}
+
+
+def _broadcastable_mask(mask: Value, like: Value, layer_name: str) -> Value:
+    """``mask`` as a bool Value that broadcasts against ``like`` (right-aligned, as Keras requires)."""
+    if mask.ndim > like.ndim or any(m is not None and i is not None and m not in (1, i)
+                                    for m, i in zip(reversed(mask.shape), reversed(like.shape))):
+        raise GraphBuildError(f"layer {layer_name!r}: the mask of shape {tuple(mask.shape)} does not broadcast "
+                              f"to the input of shape {tuple(like.shape)}")
+    return mask if mask.dtype.name == "bool" else ew.gt(mask, 0.5)
+
+
+def _large_negative(x: Value) -> float:
+    """Keras' stand-in for minus infinity in masked softmax (half the dtype's range for float16)."""
+    return -3e4 if x.dtype.name == "float16" else -1e9
 
 
 @registry.register()
@@ -311,9 +390,17 @@ class Lambda(Layer):
         self.function = function
         self.output_shape_arg = output_shape
         self.arguments = arguments or {}
+        self.mask = mask
+        self.supports_masking = mask is not None
 
     def call(self, inputs):
         return self.function(inputs, **self.arguments)
+
+    def compute_mask(self, inputs, mask=None):
+        """Keras' ``mask=`` argument: a callable ``(inputs, mask) -> mask`` or a fixed mask."""
+        if callable(self.mask):
+            return self.mask(inputs, mask)
+        return self.mask
 
     def get_config(self):
         config = {**super().get_config(), "output_shape": self.output_shape_arg, "arguments": self.arguments}

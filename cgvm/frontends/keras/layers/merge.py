@@ -16,6 +16,14 @@ from .base import Layer, registry
 
 
 class _Merge(Layer):
+    supports_masking = True
+
+    def compute_mask(self, inputs, mask=None):
+        """Keras' rule for element-wise merges: no mask unless every input has one, then their OR."""
+        if mask is None or not isinstance(mask, (list, tuple)) or any(m is None for m in mask):
+            return None
+        return reduce(ew.logical_or, [to_value(m) for m in mask])
+
     def _values(self, inputs: Any) -> List[Value]:
         if not isinstance(inputs, (list, tuple)) or len(inputs) < 1:
             raise GraphBuildError(f"{type(self).__name__} layer {self.name!r} must be called on a list of tensors")
@@ -33,6 +41,9 @@ class Add(_Merge):
 
 @registry.register()
 class Subtract(_Merge):
+    def compute_mask(self, inputs, mask=None):
+        return None
+
     def merge(self, xs):
         if len(xs) != 2:
             raise GraphBuildError(f"Subtract layer {self.name!r} takes exactly 2 tensors, got {len(xs)}")
@@ -72,6 +83,23 @@ class Concatenate(_Merge):
     def merge(self, xs):
         return shp.concat(*xs, axis=self.axis)
 
+    def compute_mask(self, inputs, mask=None):
+        """Keras' rule: masks widened to their inputs' shapes (an unmasked input counts as all true),
+        concatenated like the inputs, then any() over the last axis."""
+        if mask is None or not isinstance(mask, (list, tuple)) or all(m is None for m in mask):
+            return None
+        full = []
+        for x, m in zip(self._values(inputs), mask):
+            if m is None:
+                full.append(ew.ne(shp.ones_like(x), 0.0))
+                continue
+            m = to_value(m)
+            while m.ndim < x.ndim:
+                m = shp.expand_dims(m, axis=[m.ndim])
+            full.append(ew.logical_or(m, ew.ne(shp.zeros_like(x), 0.0)))
+        joined = ew.cast(shp.concat(*full, axis=self.axis), dtype="float32")
+        return ew.gt(red.max(joined, axis=[joined.ndim - 1]), 0.0)
+
     def get_config(self):
         return {**super().get_config(), "axis": self.axis}
 
@@ -83,6 +111,9 @@ class Dot(_Merge):
     def __init__(self, axes: Any, normalize: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
         self.axes, self.normalize = axes, normalize
+
+    def compute_mask(self, inputs, mask=None):
+        return None
 
     def merge(self, xs):
         a, b = xs

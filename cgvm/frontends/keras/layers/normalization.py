@@ -19,6 +19,8 @@ class BatchNormalization(Layer):
     """Weights gamma, beta, moving_mean, moving_variance (C,). Training normalizes with the batch's
     statistics and moves the moving ones: ``moving = moving * momentum + batch * (1 - momentum)``."""
 
+    supports_masking = True  # the mask passes through unchanged
+
     def __init__(self, axis: Any = -1, momentum: float = 0.99, epsilon: float = 1e-3, center: bool = True,
                  scale: bool = True, beta_initializer: Any = "zeros", gamma_initializer: Any = "ones",
                  moving_mean_initializer: Any = "zeros", moving_variance_initializer: Any = "ones",
@@ -73,6 +75,8 @@ class BatchNormalization(Layer):
 @registry.register()
 class LayerNormalization(Layer):
     """Normalizes over ``axis`` (default the last) per sample; weights gamma, beta."""
+
+    supports_masking = True  # the mask passes through unchanged
 
     def __init__(self, axis: Any = -1, epsilon: float = 1e-3, center: bool = True, scale: bool = True,
                  rms_scaling: bool = False, beta_initializer: Any = "zeros", gamma_initializer: Any = "ones",

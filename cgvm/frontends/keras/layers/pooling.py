@@ -9,7 +9,9 @@ from typing import Any, Optional
 
 from ....ir.graph import Value
 from ....ops import pool as pool_ops
+from ....ops import elementwise as ew
 from ....ops import reduce as red
+from ....ops import shape as shp
 from ..backend import to_value
 from .base import Layer, registry
 from .conv import same_pads, to_channels_first, to_channels_last, tuple_arg
@@ -94,7 +96,31 @@ class _GlobalPooling(Layer):
         return {**super().get_config(), "data_format": self.data_format, "keepdims": self.keepdims}
 
 
-for _name, _kind in (("GlobalAveragePooling1D", "avg"), ("GlobalAveragePooling2D", "avg"),
+class _MaskedGlobalAveragePooling1D(_GlobalPooling):
+    """The mean over time of the unmasked steps only (Keras 3); the output carries no mask.
+    (GlobalMaxPooling1D ignores masks in Keras 3, and so does it here.)"""
+
+    kind = "avg"
+    supports_masking = True
+
+    def call(self, inputs, mask=None):
+        if mask is None:
+            return super().call(inputs)
+        x: Value = to_value(inputs)
+        keep = to_value(mask)
+        keep = keep if keep.dtype.name == "bool" else ew.gt(keep, 0.5)
+        steps_axis = 1 if self.data_format == "channels_last" else 2
+        keep = shp.expand_dims(keep, axis=[2 if self.data_format == "channels_last" else 1])
+        total = red.sum(ew.where(keep, x, 0.0), axis=[steps_axis], keepdims=self.keepdims)
+        return ew.div(total, red.sum(ew.cast(keep, dtype=x.dtype), axis=[steps_axis], keepdims=self.keepdims))
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+
+globals()["GlobalAveragePooling1D"] = registry.register()(
+    type("GlobalAveragePooling1D", (_MaskedGlobalAveragePooling1D,), {"__module__": __name__}))
+for _name, _kind in (("GlobalAveragePooling2D", "avg"),
                      ("GlobalAveragePooling3D", "avg"), ("GlobalMaxPooling1D", "max"),
                      ("GlobalMaxPooling2D", "max"), ("GlobalMaxPooling3D", "max")):
     globals()[_name] = registry.register()(type(_name, (_GlobalPooling,), {"kind": _kind, "__module__": __name__}))

@@ -1,4 +1,9 @@
-"""Layer wrappers: Bidirectional (a forward and a go_backwards copy of a recurrent layer) and TimeDistributed."""
+"""Layer wrappers: Bidirectional (a forward and a go_backwards copy of a recurrent layer) and TimeDistributed.
+
+Both pass masks on as Keras 3 does: Bidirectional hands the mask to both directions (the backward
+one reads it reversed, inside its scan) and, when returning sequences, makes both output zeros at
+masked steps; TimeDistributed keeps the (batch, time) mask of its input for its output.
+"""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -27,6 +32,8 @@ def _copy_layer(layer: Layer, **overrides: Any) -> Layer:
 class Bidirectional(Layer):
     """Runs ``layer`` forwards and a copy backwards; outputs merged by ``merge_mode``. Weights: forward, backward."""
 
+    supports_masking = True
+
     def __init__(self, layer: Any, merge_mode: Optional[str] = "concat", weights: Any = None,
                  backward_layer: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
@@ -40,6 +47,9 @@ class Bidirectional(Layer):
         self.return_sequences = layer.return_sequences
         self.return_state = layer.return_state
         self._layer_config = layer
+        for inner in (self.forward_layer, self.backward_layer):
+            if hasattr(inner, "zero_output_for_mask"):  # Keras forces this for masked sequence outputs
+                inner.zero_output_for_mask = inner.return_sequences
 
     def build(self, input_shape):
         for inner in (self.forward_layer, self.backward_layer):
@@ -48,14 +58,27 @@ class Bidirectional(Layer):
                 inner.built = True
         self.built = True
 
-    def call(self, inputs, initial_state=None, training=False):
+    def compute_mask(self, inputs, mask=None):
+        """Keras: the input mask on each sequence output (none otherwise), none on the states."""
+        if isinstance(mask, (list, tuple)):
+            mask = mask[0] if mask else None
+        if self.return_sequences:
+            out_mask = [mask, mask] if self.merge_mode is None else mask
+        else:
+            out_mask = [None, None] if self.merge_mode is None else None
+        if self.return_state:
+            n_states = 2 * getattr(self.forward_layer, "n_states", 1)
+            return (out_mask if isinstance(out_mask, list) else [out_mask]) + [None] * n_states
+        return out_mask
+
+    def call(self, inputs, initial_state=None, mask=None, training=False):
         fw_state = bw_state = None
         if initial_state is not None:
             half = len(initial_state) // 2
             fw_state, bw_state = initial_state[:half], initial_state[half:]
         with inside_call():
-            fw = self.forward_layer._run((inputs,), {"initial_state": fw_state, "training": training})
-            bw = self.backward_layer._run((inputs,), {"initial_state": bw_state, "training": training})
+            fw = self.forward_layer._run((inputs,), {"initial_state": fw_state, "mask": mask, "training": training})
+            bw = self.backward_layer._run((inputs,), {"initial_state": bw_state, "mask": mask, "training": training})
         fw_states = bw_states = []
         if self.return_state:
             fw, fw_states = fw[0], fw[1:]
@@ -91,6 +114,8 @@ class Bidirectional(Layer):
 @registry.register()
 class TimeDistributed(Layer):
     """Applies ``layer`` to every time step: (batch, time, ...) runs as (batch*time, ...)."""
+
+    supports_masking = True
 
     def __init__(self, layer: Any, **kwargs: Any):
         super().__init__(**kwargs)
