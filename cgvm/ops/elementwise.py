@@ -1,7 +1,8 @@
 """Elementwise ops with NumPy broadcasting: arithmetic, comparisons, logic, selection, rounding, casts.
 
 Math functions and activations (exp, log, tanh, sigmoid, relu, erf, ...) live in
-``elementwise_math`` and are re-exported here, so ``ew.exp`` and ``ew.add`` are found alike.
+``elementwise_math``, special functions (gamma, digamma, erfinv, ...) in ``elementwise_special``;
+both are re-exported here, so ``ew.exp`` and ``ew.add`` are found alike.
 
 Dtypes follow NumPy exactly: an op that is one NumPy ufunc takes its result dtype from that
 ufunc's own type resolution (``int // int`` is int, ``int / int`` is float64, ``exp(int8)`` is
@@ -299,6 +300,12 @@ logical_or = _binary("logical_or", "logical_or", differentiable=False)
 logical_xor = _binary("logical_xor", "logical_xor", differentiable=False)
 logical_not = _unary("logical_not", "logical_not", differentiable=False)
 
+# on integers bit by bit, on bools the logical operation (NumPy's ufuncs); floats have no such loop
+bitwise_and = _binary("bitwise_and", "bitwise_and", differentiable=False)
+bitwise_or = _binary("bitwise_or", "bitwise_or", differentiable=False)
+bitwise_xor = _binary("bitwise_xor", "bitwise_xor", differentiable=False)
+invert = _unary("invert", "invert", differentiable=False, doc="~x: bitwise NOT of integers, logical NOT of bools.")
+
 
 # --------------------------------------------------------------------------- rounding
 
@@ -342,7 +349,9 @@ def _(node, g):
     return [cast(g, dtype=x.dtype)]
 
 
-# math functions and activations: declared in their own file, found here too
+# math functions, activations and special functions: declared in their own files, found here too
 from . import elementwise_math as ew_math  # noqa: E402
 from .elementwise_math import (  # noqa: E402,F401
-    cos, elu, erf, exp, expm1, log, log1p, relu, relu_grad, rsqrt, sigmoid, sin, softplus, sqrt, tanh)
+    arccos, arccosh, arcsin, arcsinh, arctan, arctan2, arctanh, cos, cosh, elu, erf, exp, expm1, log, log1p, log2,
+    log10, relu, relu_grad, rsqrt, sigmoid, sin, sinh, softplus, sqrt, tan, tanh)
+from .elementwise_special import digamma, erfinv, gamma, gammaln, polygamma  # noqa: E402,F401

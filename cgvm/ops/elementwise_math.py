@@ -1,6 +1,8 @@
-"""Elementwise math functions and activations: exp, log, sqrt, trigonometry, tanh, sigmoid, softplus, relu, elu, erf.
+"""Elementwise math functions and activations: exp, log, sqrt, trigonometry, hyperbolic functions, sigmoid,
+softplus, relu, elu, erf.
 
-Part of the elementwise family (``cgvm.ops.elementwise`` re-exports every op here). Integer
+Part of the elementwise family (``cgvm.ops.elementwise`` re-exports every op here; the special
+functions gamma, gammaln, digamma, polygamma and erfinv are in ``elementwise_special``). Integer
 inputs give the float dtype NumPy's ``exp`` would (int8 -> float16, int32 -> float64); ops that
 are one NumPy ufunc run it directly (the ``ufunc=`` fast path). Kernels that take several steps
 read their input completely before the first write into ``out``, so they may run in place.
@@ -69,6 +71,22 @@ def _(node, g):
     return [ew.div(g, ew.add(node.inputs[0], 1))]
 
 
+log2 = _unary("log2", "log2")
+
+
+@log2.grad
+def _(node, g):
+    return [ew.div(g, ew.mul(node.inputs[0], math.log(2.0)))]
+
+
+log10 = _unary("log10", "log10")
+
+
+@log10.grad
+def _(node, g):
+    return [ew.div(g, ew.mul(node.inputs[0], math.log(10.0)))]
+
+
 sqrt = _unary("sqrt", "sqrt")
 
 
@@ -112,6 +130,70 @@ def _(node, g):
     return [ew.neg(ew.mul(g, sin(node.inputs[0])))]
 
 
+tan = _unary("tan", "tan")
+
+
+@tan.grad
+def _(node, g):
+    y = node.outputs[0]  # tan' = 1 / cos^2 = 1 + tan^2
+    return [ew.mul(g, ew.add(ew.mul(y, y), 1))]
+
+
+arcsin = _unary("arcsin", "arcsin")
+
+
+@arcsin.grad
+def _(node, g):
+    x = node.inputs[0]
+    return [ew.div(g, sqrt(ew.sub(1, ew.mul(x, x))))]
+
+
+arccos = _unary("arccos", "arccos")
+
+
+@arccos.grad
+def _(node, g):
+    x = node.inputs[0]
+    return [ew.neg(ew.div(g, sqrt(ew.sub(1, ew.mul(x, x)))))]
+
+
+arctan = _unary("arctan", "arctan")
+
+
+@arctan.grad
+def _(node, g):
+    x = node.inputs[0]
+    return [ew.div(g, ew.add(ew.mul(x, x), 1))]
+
+
+arctan2 = ew._binary("arctan2", "arctan2", doc="The angle of the point (x, y) for arctan2(y, x), in [-pi, pi].")
+
+
+@arctan2.grad
+def _(node, g):
+    y, x = node.inputs
+    g_over_r2 = ew.div(g, ew.add(ew.mul(x, x), ew.mul(y, y)))
+    return [ew._unbroadcast(ew.mul(g_over_r2, x), y), ew._unbroadcast(ew.neg(ew.mul(g_over_r2, y)), x)]
+
+
+# --------------------------------------------------------------------------- hyperbolic functions
+
+sinh = _unary("sinh", "sinh")
+
+
+@sinh.grad
+def _(node, g):
+    return [ew.mul(g, cosh(node.inputs[0]))]
+
+
+cosh = _unary("cosh", "cosh")
+
+
+@cosh.grad
+def _(node, g):
+    return [ew.mul(g, sinh(node.inputs[0]))]
+
+
 tanh = _unary("tanh", "tanh")
 
 
@@ -119,6 +201,33 @@ tanh = _unary("tanh", "tanh")
 def _(node, g):
     y = node.outputs[0]
     return [ew.mul(g, ew.sub(1, ew.mul(y, y)))]
+
+
+arcsinh = _unary("arcsinh", "arcsinh")
+
+
+@arcsinh.grad
+def _(node, g):
+    x = node.inputs[0]
+    return [ew.div(g, sqrt(ew.add(ew.mul(x, x), 1)))]
+
+
+arccosh = _unary("arccosh", "arccosh")
+
+
+@arccosh.grad
+def _(node, g):
+    x = node.inputs[0]  # 1 / sqrt(x^2 - 1), factored so that x near 1 loses no digits to the subtraction
+    return [ew.div(g, ew.mul(sqrt(ew.sub(x, 1)), sqrt(ew.add(x, 1))))]
+
+
+arctanh = _unary("arctanh", "arctanh")
+
+
+@arctanh.grad
+def _(node, g):
+    x = node.inputs[0]
+    return [ew.div(g, ew.sub(1, ew.mul(x, x)))]
 
 
 # --------------------------------------------------------------------------- activations
@@ -255,16 +364,18 @@ def _exp_minus_square(xp, y):
     return xp.exp(-head * head) * xp.exp(-(y - head) * (y + head))
 
 
-def _erf_values(xp, x):
-    """erf of a float32/float64 array by Cody's three rational approximations, selected per element."""
-    y = xp.abs(x)
-    ys = xp.minimum(y, _ERF_SMALL)
+def _erf_small(xp, x):
+    """erf(x) for |x| <= 0.46875: x times a rational function of x**2 (clamped, so any x is harmless)."""
+    ys = xp.minimum(xp.abs(x), _ERF_SMALL)
     ys = ys * ys
     num, den = _ERF_A[4] * ys, ys
     for a, b in zip(_ERF_A[:3], _ERF_B[:3]):
         num, den = (num + a) * ys, (den + b) * ys
-    small = x * (num + _ERF_A[3]) / (den + _ERF_B[3])
+    return x * (num + _ERF_A[3]) / (den + _ERF_B[3])
 
+
+def _erfc_tail(xp, y):
+    """erfc(y) for y >= 0.46875 (smaller y are clamped): rational functions of y up to 4, of 1/y**2 beyond."""
     ym = xp.minimum(xp.maximum(y, _ERF_SMALL), _ERF_MID)
     num, den = _ERF_C[8] * ym, ym
     for c, d in zip(_ERF_C[:7], _ERF_D[:7]):
@@ -278,8 +389,14 @@ def _erf_values(xp, x):
         num, den = (num + p) * inv, (den + q) * inv
     tail = inv * (num + _ERF_P[4]) / (den + _ERF_Q[4])
     erfc_big = _exp_minus_square(xp, yb) * ((_INV_SQRT_PI - tail) / yb)
+    return xp.where(y <= _ERF_MID, erfc_mid, erfc_big)
 
-    erf_abs = (0.5 - xp.where(y <= _ERF_MID, erfc_mid, erfc_big)) + 0.5
+
+def _erf_values(xp, x):
+    """erf of a float32/float64 array by Cody's three rational approximations, selected per element."""
+    y = xp.abs(x)
+    small = _erf_small(xp, x)
+    erf_abs = (0.5 - _erfc_tail(xp, y)) + 0.5
     return xp.where(y <= _ERF_SMALL, small, xp.where(x < 0, -erf_abs, erf_abs))
 
 

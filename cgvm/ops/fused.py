@@ -52,11 +52,21 @@ Program = Tuple[Step, ...]
 #: the ufuncs a program may call, with their number of operands
 UFUNC_ARITY: Dict[str, int] = {
     **{name: 2 for name in ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "remainder",
-                            "floor_divide", "equal", "not_equal", "less", "less_equal", "greater",
-                            "greater_equal", "logical_and", "logical_or", "logical_xor")},
+                            "floor_divide", "arctan2", "equal", "not_equal", "less", "less_equal", "greater",
+                            "greater_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and",
+                            "bitwise_or", "bitwise_xor")},
     **{name: 1 for name in ("negative", "positive", "square", "reciprocal", "absolute", "sign", "exp", "expm1",
-                            "log", "log1p", "sqrt", "sin", "cos", "tanh", "floor", "ceil", "logical_not")},
+                            "log", "log1p", "log2", "log10", "sqrt", "sin", "cos", "tan", "arcsin", "arccos",
+                            "arctan", "sinh", "cosh", "tanh", "arcsinh", "arccosh", "arctanh", "floor", "ceil",
+                            "logical_not", "invert")},
 }
+
+# NumPy's names of the float functions and the C/Python math library's, where they differ
+_LIBM_NAME = {"arcsin": "asin", "arccos": "acos", "arctan": "atan", "arcsinh": "asinh", "arccosh": "acosh",
+              "arctanh": "atanh"}
+_FLOAT_FUNCS = ("exp", "expm1", "log", "log1p", "log2", "log10", "sqrt", "sin", "cos", "tan", "arcsin", "arccos",
+                "arctan", "sinh", "cosh", "tanh", "arcsinh", "arccosh", "arctanh", "floor", "ceil")
+_PY_MATH_FUNCS = tuple(f for f in _FLOAT_FUNCS if f not in ("floor", "ceil"))
 
 # float64 one-element chains: Python expressions over floats ({0}, {1} are operand names). Only
 # ufuncs whose Python form agrees with NumPy on every value it does not raise for are here.
@@ -66,13 +76,11 @@ _PY_EXPR: Dict[str, str] = {
     "absolute": "abs({0})", "power": "_pow({0}, {1})",
     "maximum": "({0} if ({0} >= {1} or {0} != {0}) else {1})",   # NaN wins, as in NumPy
     "minimum": "({0} if ({0} <= {1} or {0} != {0}) else {1})",
-    "exp": "_exp({0})", "expm1": "_expm1({0})", "log": "_log({0})", "log1p": "_log1p({0})",
-    "sqrt": "_sqrt({0})", "sin": "_sin({0})", "cos": "_cos({0})", "tanh": "_tanh({0})",
+    **{f: f"_{f}({{0}})" for f in _PY_MATH_FUNCS}, "arctan2": "_arctan2({0}, {1})",
     "floor": "float(_floor({0}))", "ceil": "float(_ceil({0}))",
 }
-_PY_ENV = {"_pow": math.pow, "_exp": math.exp, "_expm1": math.expm1, "_log": math.log, "_log1p": math.log1p,
-           "_sqrt": math.sqrt, "_sin": math.sin, "_cos": math.cos, "_tanh": math.tanh, "_floor": math.floor,
-           "_ceil": math.ceil}
+_PY_ENV = {"_pow": math.pow, "_arctan2": math.atan2, "_floor": math.floor, "_ceil": math.ceil,
+           **{f"_{f}": getattr(math, _LIBM_NAME.get(f, f)) for f in _PY_MATH_FUNCS}}
 
 # float32/float16 one-element chains on NumPy scalars: operators where NumPy's scalar math is
 # the ufunc's (same promotion, same IEEE result), else the ufunc itself called on scalars
@@ -80,8 +88,6 @@ _NP_SCALAR_OPERATORS: Dict[str, str] = {
     "add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * {1})", "divide": "({0} / {1})",
     "negative": "(-{0})",
 }
-
-_FLOAT_FUNCS = ("exp", "expm1", "log", "log1p", "sqrt", "sin", "cos", "tanh", "floor", "ceil")
 
 # CUDA C++ expressions; arithmetic operands are first cast to the output type, which is the type
 # NumPy's loop computes in for these ufuncs. Comparisons and logic read their operands as they are.
@@ -93,8 +99,11 @@ _CUDA_ARITH: Dict[str, str] = {
 _CUDA_FLOAT: Dict[str, str] = {
     "power": "pow({0}, {1})", "reciprocal": "1 / {0}", "absolute": "fabs({0})",
     "sign": "(({0} != {0}) ? {0} : ({0} > 0 ? 1 : ({0} < 0 ? -1 : 0)))",
-    **{f: f + "({0})" for f in _FLOAT_FUNCS},
+    "arctan2": "atan2({0}, {1})", **{f: _LIBM_NAME.get(f, f) + "({0})" for f in _FLOAT_FUNCS},
 }
+# integer and bool results only (NumPy has no float loop for these); ~ of a bool is its logical NOT
+_CUDA_BITWISE: Dict[str, str] = {"bitwise_and": "{0} & {1}", "bitwise_or": "{0} | {1}", "bitwise_xor": "{0} ^ {1}",
+                                 "invert": "~{0}"}
 _CUDA_LOGIC: Dict[str, str] = {
     "equal": "{0} == {1}", "not_equal": "{0} != {1}", "less": "{0} < {1}", "less_equal": "{0} <= {1}",
     "greater": "{0} > {1}", "greater_equal": "{0} >= {1}", "logical_and": "{0} && {1}",
@@ -299,6 +308,8 @@ def cuda_operation(program: Program, dtype_name: str) -> Optional[str]:
             template, cast = _CUDA_ARITH[name], True
         elif name in _CUDA_FLOAT and dtype.is_float:
             template, cast = _CUDA_FLOAT[name], True
+        elif name in _CUDA_BITWISE and not dtype.is_float:
+            template, cast = ("!{0}" if name == "invert" and dtype.is_bool else _CUDA_BITWISE[name]), True
         else:
             return None
         args = []

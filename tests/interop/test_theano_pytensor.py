@@ -104,6 +104,22 @@ def jac_hess(p):
         np.array([0.3, -0.7, 1.1]))
 
 
+def special_and_logic(p):
+    theano, T = p["theano"], p["T"]
+    x, i = T.dvector("x"), T.lvector("i")
+    y = (T.arcsin(x * 0.5) + T.arccos(x * 0.3) * T.arctan(x) + T.arctan2(x, 1.5) + T.tan(x * 0.4)
+         + T.sinh(x) * T.cosh(x * 0.2) + T.arcsinh(x) + T.arccosh(abs(x) + 1.5) + T.arctanh(x * 0.3)
+         + T.log2(x + 3.0) * T.log10(x + 4.0) + T.gamma(x + 2.5) + T.gammaln(abs(x) + 0.3) + T.psi(x + 3.0)
+         + T.tri_gamma(x + 2.0) + T.polygamma(2, x + 3.0) + T.erfinv(x * 0.4))
+    ints = ((i & 6) | ~i) ^ 3
+    mask = ((x > 0) & ~(x > 1)) | ((x < -1) ^ (x > 0.5))
+    f = theano.function([x, i], [y, T.grad(y.sum(), x), ints, T.switch(mask, x, -x),
+                                 T.and_(i, 12), T.or_(i, 1), T.xor(i, i + 1), T.invert(i)])
+    out = f(np.array([-1.4, -0.6, 0.0, 0.3, 0.8, 1.2]), np.arange(-4, 8, dtype="int64"))
+    assert out[2].dtype == np.int64 and out[4].dtype == np.int64
+    return out
+
+
 def _compare(fn, *args, rtol=1e-9, atol=1e-11):
     ref = fn(PEERS["pytensor"], *args)
     got = fn(PEERS["cgvm"], *args)
@@ -138,3 +154,7 @@ def test_ifelse():
 
 def test_jacobian_hessian():
     _compare(jac_hess)
+
+
+def test_special_functions_and_bitwise_logic():
+    _compare(special_and_logic, rtol=1e-12, atol=1e-13)

@@ -47,6 +47,16 @@ def bools(*shape):
     return rng.random(shape) > 0.5
 
 
+def per_element(fn):
+    """A reference applying the Python function ``fn`` to each broadcast tuple of elements (ints and bools)."""
+    def ref(*arrays):
+        bs = np.broadcast_arrays(*arrays)
+        dtype = np.result_type(*arrays)
+        vals = [fn(*(v.item() for v in items)) for items in zip(*(b.ravel() for b in bs))]
+        return np.array(vals, dtype=dtype).reshape(bs[0].shape)
+    return ref
+
+
 def second_derivative(op):
     """build(*xs) -> grad(sum(op(*xs)), xs): check_grad on it checks the second derivative."""
     def build(*xs):
@@ -134,6 +144,23 @@ LOGIC = [
     Case("logical_not", E.logical_not, [bools(5)], np.logical_not, grad=False),
     Case("logical_and_of_numbers", E.logical_and, [small_ints_as_float(6), ints(6, lo=0, hi=2)],
          np.logical_and, grad=False),
+    Case("bitwise_and_int", E.bitwise_and, [ints(3, 4, lo=-64, hi=64), ints(4, lo=-64, hi=64)],
+         per_element(lambda a, b: a & b), grad=False),
+    Case("bitwise_or_int8_int32", E.bitwise_or, [ints(5, lo=-100, hi=100, dtype=np.int8), ints(5, lo=-900, hi=900)],
+         per_element(lambda a, b: a | b), grad=False),
+    Case("bitwise_xor_int64", E.bitwise_xor,
+         [ints(2, 3, lo=-2**40, hi=2**40, dtype=np.int64), ints(2, 1, dtype=np.int64)],
+         per_element(lambda a, b: a ^ b), grad=False),
+    Case("bitwise_and_bool_is_logical", E.bitwise_and, [bools(3, 4), bools(4)], per_element(lambda a, b: a and b),
+         grad=False),
+    Case("bitwise_or_bool_is_logical", E.bitwise_or, [bools(3, 4), bools(3, 1)], per_element(lambda a, b: a or b),
+         grad=False),
+    Case("bitwise_xor_bool_is_logical", E.bitwise_xor, [bools(6), bools(6)], per_element(lambda a, b: a != b),
+         grad=False),
+    Case("invert_int", E.invert, [ints(7)], per_element(lambda a: -a - 1), grad=False),
+    Case("invert_uint8", E.invert, [ints(6, lo=0, hi=256, dtype=np.uint8)], per_element(lambda a: 255 - a),
+         grad=False),
+    Case("invert_bool_is_logical_not", E.invert, [bools(6)], per_element(lambda a: not a), grad=False),
     Case("floor", E.floor, [r(3, 4) * 3], np.floor, grad=False),
     Case("ceil", E.ceil, [r(3, 4) * 3], np.ceil, grad=False),
     Case("floor_int", E.floor, [ints(4)], np.floor, grad=False),
@@ -233,3 +260,11 @@ def test_bad_attribute_names_the_source():
     a = input_value(TensorType((3,), "float32"), "a")
     with pytest.raises(GraphBuildError, match="decimals.*test_elementwise.py"):
         E.round(a, decimals=1.5)
+
+
+@pytest.mark.parametrize("op", [E.bitwise_and, E.bitwise_or, E.bitwise_xor, lambda a, b: E.invert(a)],
+                         ids=["and", "or", "xor", "invert"])
+def test_bitwise_ops_refuse_floats_as_numpy_does(op):
+    a = input_value(TensorType((3,), "float32"), "a")
+    with pytest.raises(ShapeError, match=r"(bitwise|invert).*test_elementwise\.py"):
+        op(a, a)

@@ -3,11 +3,11 @@
 Dtypes follow NumPy's promotion, with Python scalars weakly typed (``fvector * 0.5`` stays
 float32, as in Theano). Comparisons return bool (PyTensor's choice; Theano 1.0 gave int8).
 Functions without a cgvm op of their own are written from ones that have one
-(``log2 = log / ln 2``, ``sinh`` from ``exp``, ``isnan = x != x``).
+(``erfc = 1 - erf``, ``isnan = x != x``). ``and_``/``or_``/``xor``/``invert`` (and the operators
+``& | ^ ~``) are bitwise on integers and logical on bools, as in NumPy and PyTensor.
 """
 from __future__ import annotations
 
-import builtins
 import math
 from typing import Any, Optional, Sequence, Union
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from ...ir.builder import as_value
 from ...ir.graph import CONST, Value
-from ...ir.types import DType, result_dtype
+from ...ir.types import DType
 from ...ops import elementwise as ew
 from ...ops import reduce as red
 from ...ops import shape as shp
@@ -108,17 +108,27 @@ def log(x):
 
 def log1p(x): return wrap(ew.log1p(_v(x)))
 def expm1(x): return wrap(ew.expm1(_v(x)))
-def log2(x): return mul(log(x), 1.0 / math.log(2.0))
-def log10(x): return mul(log(x), 1.0 / math.log(10.0))
+def log2(x): return wrap(ew.log2(_v(x)))
+def log10(x): return wrap(ew.log10(_v(x)))
 def sin(x): return wrap(ew.sin(_v(x)))
 def cos(x): return wrap(ew.cos(_v(x)))
-def tan(x): return true_div(sin(x), cos(x))
+def tan(x): return wrap(ew.tan(_v(x)))
+def arcsin(x): return wrap(ew.arcsin(_v(x)))
+def arccos(x): return wrap(ew.arccos(_v(x)))
+def arctan(x): return wrap(ew.arctan(_v(x)))
+
+
+def arctan2(a, b):
+    """The angle of the point (b, a), in [-pi, pi] (NumPy's arctan2(y, x))."""
+    return wrap(ew.arctan2(_v(a), _v(b)))
+
+
 def tanh(x): return wrap(ew.tanh(_v(x)))
-def sinh(x): return mul(sub(exp(x), exp(neg(x))), 0.5)
-def cosh(x): return mul(add(exp(x), exp(neg(x))), 0.5)
-def arcsinh(x): return log(add(x, sqrt(add(sqr(x), 1.0))))
-def arccosh(x): return log(add(x, sqrt(sub(sqr(x), 1.0))))
-def arctanh(x): return mul(log(true_div(add(1.0, x), sub(1.0, x))), 0.5)
+def sinh(x): return wrap(ew.sinh(_v(x)))
+def cosh(x): return wrap(ew.cosh(_v(x)))
+def arcsinh(x): return wrap(ew.arcsinh(_v(x)))
+def arccosh(x): return wrap(ew.arccosh(_v(x)))
+def arctanh(x): return wrap(ew.arctanh(_v(x)))
 def sgn(x): return wrap(ew.sign(_v(x)))
 
 
@@ -144,6 +154,28 @@ def maximum(a, b): return wrap(ew.maximum(_v(a), _v(b)))
 def minimum(a, b): return wrap(ew.minimum(_v(a), _v(b)))
 def erf(x): return wrap(ew.erf(_v(x)))
 def erfc(x): return sub(1.0, erf(x))
+def erfinv(x): return wrap(ew.erfinv(_v(x)))
+def gamma(x): return wrap(ew.gamma(_v(x)))
+def gammaln(x): return wrap(ew.gammaln(_v(x)))
+
+
+def psi(x):
+    """The digamma function Gamma'(x) / Gamma(x) (PyTensor also calls it ``digamma``)."""
+    return wrap(ew.digamma(_v(x)))
+
+
+digamma = psi
+
+
+def tri_gamma(x): return wrap(ew.polygamma(_v(x), n=1))
+
+
+def polygamma(n: int, x):
+    """The n-th derivative of digamma (PyTensor's argument order: the order first)."""
+    n = int(n)
+    return psi(x) if n == 0 else wrap(ew.polygamma(_v(x), n=n))
+
+
 def inv(x): return true_div(1.0, x)
 
 
@@ -172,25 +204,14 @@ def gt(a, b): return wrap(ew.gt(_v(a), _v(b)))
 def ge(a, b): return wrap(ew.ge(_v(a), _v(b)))
 
 
-def _logical(op, a, b):
-    """Logical op; integer operands give their dtype back (Theano's ``and_`` on int8 comparisons)."""
-    av, bv = _v(a), _v(b)
-    res = wrap(op(av, bv))
-    dts = [v.dtype for v in (av, bv) if isinstance(v, Value)]
-    if dts and not builtins.all(d.is_bool for d in dts):
-        return cast(res, result_dtype(*dts).name)
-    return res
+def and_(a, b):
+    """a & b: bitwise on integers, logical on bools (as NumPy and PyTensor); floats have no such op."""
+    return wrap(ew.bitwise_and(_v(a), _v(b)))
 
 
-def and_(a, b): return _logical(ew.logical_and, a, b)
-def or_(a, b): return _logical(ew.logical_or, a, b)
-def xor(a, b): return _logical(ew.logical_xor, a, b)
-
-
-def invert(x):
-    xv = _v(x)
-    res = wrap(ew.logical_not(xv))
-    return res if xv.dtype.is_bool else cast(res, xv.dtype.name)
+def or_(a, b): return wrap(ew.bitwise_or(_v(a), _v(b)))
+def xor(a, b): return wrap(ew.bitwise_xor(_v(a), _v(b)))
+def invert(x): return wrap(ew.invert(_v(x)))
 
 
 bitwise_and, bitwise_or, bitwise_xor, bitwise_not = and_, or_, xor, invert

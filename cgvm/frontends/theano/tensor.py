@@ -11,13 +11,14 @@ from typing import Any, List, Optional, Sequence, Union
 
 from . import nnet  # noqa: F401  (T.nnet)
 from . import sorting as _sorting
-from .basic import (abs, abs_, add, all, allclose, and_, any, arccosh, arcsinh, arctanh, argmax, argmin,  # noqa: F401
-                    bitwise_and, bitwise_not, bitwise_or, bitwise_xor, cast, ceil, clip, cos, cosh, cumsum, eq,
-                    erf, erfc, exp, exp2, expm1, floor, floor_div, ge, gt, int_div, inv, invert, iround, isclose,
-                    isinf, isnan, largest, le, log, log1p, log2, log10, logsumexp, lt, max, max_and_argmax,
-                    maximum, mean, min, minimum, mod, mul, neg, neq, norm, or_, pow, prod, reciprocal, round, sgn,
+from .basic import (abs, abs_, add, all, allclose, and_, any, arccos, arccosh, arcsin, arcsinh,  # noqa: F401
+                    arctan, arctan2, arctanh, argmax, argmin, bitwise_and, bitwise_not, bitwise_or, bitwise_xor,
+                    cast, ceil, clip, cos, cosh, cumsum, digamma, eq, erf, erfc, erfinv, exp, exp2, expm1, floor,
+                    floor_div, gamma, gammaln, ge, gt, int_div, inv, invert, iround, isclose, isinf, isnan,
+                    largest, le, log, log1p, log2, log10, logsumexp, lt, max, max_and_argmax, maximum, mean, min,
+                    minimum, mod, mul, neg, neq, norm, or_, polygamma, pow, prod, psi, reciprocal, round, sgn,
                     sigmoid, sign, sin, sinh, smallest, softplus, sqr, sqrt, square, std, sub, sum, switch, tan,
-                    tanh, tensor_copy, true_div, trunc, var, where, xor)
+                    tanh, tensor_copy, tri_gamma, true_div, trunc, var, where, xor)
 from .shapes import (addbroadcast, alloc, arange, batched_dot, batched_tensordot, concatenate,  # noqa: F401
                      cumprod, diagonal, dimshuffle, dot, eye, fill, flatten, horizontal_stack, identity_like, join,
                      ones, ones_like, outer, patternbroadcast, repeat, reshape, second, shape, shape_padaxis,

@@ -1,4 +1,6 @@
 """T namespace: constructors, types, operators, math, reductions, shapes, indexing — values against NumPy."""
+import math
+
 import numpy as np
 import pytest
 
@@ -65,6 +67,13 @@ def test_binary(name, fn, ref):
     (T.floor, np.floor), (T.ceil, np.ceil), (T.inv, np.reciprocal), (T.neg, np.negative),
     (T.nnet.sigmoid, lambda a: 1 / (1 + np.exp(-a))), (T.nnet.softplus, lambda a: np.log1p(np.exp(a))),
     (T.arcsinh, np.arcsinh), (T.arctanh, lambda a: np.arctanh(a / 2)),
+    (T.arcsin, np.arcsin), (T.arccos, np.arccos), (T.arctan, np.arctan),
+    (lambda a: T.arccosh(a + 1), lambda a: np.arccosh(a + 1)),
+    (lambda a: T.arctan2(a, 0.5 - a), lambda a: np.arctan2(a, 0.5 - a)),
+    (T.gamma, np.vectorize(math.gamma)), (T.gammaln, np.vectorize(math.lgamma)),
+    (lambda a: T.psi(a + 1) - T.psi(a), lambda a: 1 / a),                    # psi(x + 1) = psi(x) + 1/x
+    (lambda a: T.tri_gamma(a) - T.polygamma(1, a + 1), lambda a: 1 / a ** 2),
+    (lambda a: T.erf(T.erfinv(a)), lambda a: a),
     (lambda a: T.clip(a, 0.6, 1.2), lambda a: np.clip(a, 0.6, 1.2)),
     (lambda a: T.round(a * 2), lambda a: np.round(a * 2)),
     (lambda a: T.round(a * 2, "half_away_from_zero"), lambda a: np.sign(a * 2) * np.floor(np.abs(a * 2) + .5)),
@@ -74,6 +83,25 @@ def test_unary(fn, ref):
     arg = P / 2 if ref is not np.arctanh else P
     got = run([x], fn(x) if fn is not T.arctanh else fn(x / 2), arg)
     np.testing.assert_allclose(got, ref(arg), rtol=1e-10)
+
+
+def test_bitwise_operators_on_integers_and_logical_on_bools():
+    i, j = T.ivectors("i", "j")
+    a, b = np.array([-3, 0, 5, 12, 7], np.int32), np.array([6, -1, 3, 10, 7], np.int32)
+    outs = run([i, j], [i & j, i | j, i ^ j, ~i, T.and_(i, 12), 5 | i, T.invert(j)], a, b)
+    want = [a & b, a | b, a ^ b, ~a, a & 12, 5 | a, ~b]
+    for got, ref in zip(outs, want):
+        assert got.dtype == np.int32
+        np.testing.assert_array_equal(got, ref)
+    x = T.dvector("x")
+    v = np.array([-2.0, -0.5, 0.5, 1.5, 3.0])
+    outs = run([x], [(x > 0) & ~(x > 1), (x < -1) | (x > 2), (x > 0) ^ (x > 1), ~(x > 0)], v)
+    want = [(v > 0) & ~(v > 1), (v < -1) | (v > 2), (v > 0) ^ (v > 1), ~(v > 0)]
+    for got, ref in zip(outs, want):
+        assert got.dtype == np.bool_
+        np.testing.assert_array_equal(got, ref)
+    with pytest.raises(Exception, match="bitwise_and"):
+        T.dvector() & T.dvector()
 
 
 def test_isnan_isinf_isclose():
