@@ -27,6 +27,7 @@ from ..errors import DTypeError, ShapeError
 from ..ir.attrs import Int, Ints
 from ..ir.types import TensorType
 from . import conv_batchlast as batch_last
+from . import conv_winograd as winograd
 from . import reduce as red
 from .registry import OPAQUE, defop
 from .rules import Dim, require_float
@@ -179,8 +180,20 @@ def sample_chunks(n: int, bytes_per_sample: int) -> List[Tuple[int, int]]:
     return [(i, min(i + size, n)) for i in range(0, n, size)]
 
 
+def _winograd_tile(x: Any, w: Any, geo: ConvGeometry, out_sizes: Sequence[int]) -> Optional[int]:
+    """Winograd's tile side for a 2-D 3x3 convolution with stride 1, dilation 1 and one group, in
+    float32 or float64, when conv_winograd.choose_tile says it pays; else None."""
+    if (geo.nsp != 2 or tuple(w.shape[2:]) != (3, 3) or geo.groups != 1 or geo.stride != (1, 1)
+            or geo.dilation != (1, 1) or x.dtype.kind != "f" or x.dtype.itemsize not in (4, 8)):
+        return None
+    return winograd.choose_tile(x.shape[0], x.shape[1], w.shape[0], out_sizes[0], out_sizes[1], x.dtype.itemsize)
+
+
 def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, out: Optional[Any] = None) -> Any:
-    """y = conv(x, w) + b: im2col of a chunk of samples, then GEMMs over (samples, groups)."""
+    """y = conv(x, w) + b: im2col of a chunk of samples, then GEMMs over (samples, groups).
+
+    3x3 stride-1 2-D convolutions with enough channels and tiles go to Winograd's algorithm
+    instead (conv_winograd; the rule is conv_winograd.choose_tile)."""
     n = x.shape[0]
     o, cg = w.shape[:2]
     ksize = tuple(w.shape[2:])
@@ -189,6 +202,13 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
     out_sizes = geo.out_sizes(x.shape[2:], ksize)
     length = _prod(out_sizes)
     target = out if out is not None and out.flags.c_contiguous else xp.empty((n, o) + out_sizes, dtype=x.dtype)
+    tile = _winograd_tile(x, w, geo, out_sizes)
+    if tile:
+        winograd.winograd_conv2d(xp, x, w, b, geo.pads, target, tile)
+        return target if out is None or target is out else _store(xp, target, out)
+    if batch_last.batch_last_pays(x.shape, out_sizes, "forward") and not _is_pointwise(ksize, geo):
+        batch_last.forward(xp, x, w, b, geo, out_sizes, target)
+        return target if out is None or target is out else _store(xp, target, out)
     results = target.reshape(n, g, og, length)
     wmat = w.reshape(g, og, -1)
     if _is_pointwise(ksize, geo):
