@@ -15,22 +15,24 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
-#: columns kept per chunk of output rows (bytes); large enough that the GEMM's inner size is long
-COLUMN_BUDGET_BYTES = 4 << 20
+#: columns kept per chunk of output rows (bytes): as conv.py's im2col, about what a core's L2
+#: holds; measured 1.3-1.8x faster than 4 MiB chunks for LeNet's conv2
+COLUMN_BUDGET_BYTES = 1 << 20
+
 
 def batch_last_pays(x_shape: Sequence[int], out_sizes: Sequence[int], kind: str) -> bool:
     """Whether the batch-last kernels beat the per-sample ones for a 2-D convolution.
 
-    ``kind`` is "forward", "input" (dx) or "weight" (dw). Measured on the project's machine
-    (benchmarks/README.md): the weight gradient gains whenever output rows are at most 16 long
-    (up to 2x at 7x7); the forward and input gradient gain at rows of 8 or less, and at up to 16
-    in batches of 32 or more (2x for LeNet's and CIFAR's 8x8 and 16x16), but lose up to 1.7x
-    at 13x13 in a batch of 16.
+    ``kind`` is "forward", "input" (dx) or "weight" (dw). Measured on the project's machine at
+    one BLAS thread (per-sample -> batch-last): dx and dw gain wherever output rows are at most 16
+    long (LeNet conv2 dx 11.9 -> 6.7 ms, 7x7x512 dx 53 -> 40 ms, dw 53 -> 35 ms; 13x13 and 14x14
+    5-10%); the forward gains at rows of 8 or less (LeNet conv2 6.4 -> 4.4 ms) and breaks even at
+    16 in a batch of 64, but loses 2x on LeNet's 24-wide conv1.
     """
     if len(x_shape) != 4 or x_shape[0] < 4 or not out_sizes or out_sizes[-1] < 1:
         return False
     n, row = x_shape[0], out_sizes[-1]
-    if kind == "weight":
+    if kind in ("input", "weight"):
         return row <= 16
     return row <= 8 or (row <= 16 and n >= 32)
 

@@ -86,8 +86,9 @@ def test_dispatch_takes_batch_last_for_small_images_in_a_batch_only():
         assert not bl.batch_last_pays((2, 20, 12, 12), (8, 8), kind)    # no batch to stream over
         assert not bl.batch_last_pays((16, 64, 56, 56), (56, 56), kind)  # long rows: per-sample kernels
         assert not bl.batch_last_pays((16, 8, 20), (18,), kind)         # 1-D
-    assert bl.batch_last_pays((16, 256, 13, 13), (13, 13), "weight")
-    assert not bl.batch_last_pays((16, 256, 13, 13), (13, 13), "input")
+    assert bl.batch_last_pays((16, 256, 13, 13), (13, 13), "input")
+    assert not bl.batch_last_pays((16, 256, 13, 13), (13, 13), "forward")
+    assert not bl.batch_last_pays((64, 1, 28, 28), (24, 24), "forward")    # LeNet's conv1
 
 
 def test_compiled_lenet_sized_training_gradients_match_the_loop():
