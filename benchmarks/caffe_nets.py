@@ -50,9 +50,8 @@ def forward_row(label: str, path: str, batch: int, number: int) -> Optional[Row]
 
 LENET_TRAIN = """
 name: "LeNetBench"
-layer { name: "data" type: "DummyData" top: "data" top: "label"
-  dummy_data_param { shape { dim: 64 dim: 1 dim: 28 dim: 28 } shape { dim: 64 }
-                     data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 9.99 } } }
+layer { name: "data" type: "Input" top: "data" top: "label"
+  input_param { shape { dim: 64 dim: 1 dim: 28 dim: 28 } shape { dim: 64 } } }
 layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
   convolution_param { num_output: 20 kernel_size: 5 weight_filler { type: "xavier" } } }
 layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
@@ -79,6 +78,11 @@ def lenet_train_row() -> Row:
         f.write(f'net: "{net_path}"\nbase_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\nlr_policy: "fixed"\n'
                 f'max_iter: 100000\ndisplay: 0\nsnapshot: 0\nsnapshot_prefix: "{tmp}/s"\nrandom_seed: 1\n')
     solver = caffe.get_solver(solver_path, log=False)
+    # one fixed batch on both sides (as PyTorch's x, y below): the row times the training step, not data
+    # generation (a DummyData layer would draw 50k normal numbers on every step, ~1 ms)
+    rng = np.random.default_rng(0)
+    solver.net.blobs["data"].data[...] = rng.standard_normal((64, 1, 28, 28)).astype(np.float32)
+    solver.net.blobs["label"].data[...] = rng.integers(0, 10, 64).astype(np.float32)
     row.add("cgvm", lambda: solver.step(1))
     torch = _torch()
     if torch is not None:
