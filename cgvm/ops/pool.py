@@ -31,7 +31,7 @@ from ..ir.attrs import Bool, Ints
 from ..ir.types import TensorType, int64
 from .conv import PadPairs, crop_padding, pad_pairs, spatial_values
 from .registry import OPAQUE, REDUCE, defop
-from .rules import Dim, require_float
+from .rules import Dim, dims_agree, require_float
 
 # --------------------------------------------------------------------------- geometry
 
@@ -157,8 +157,9 @@ def _tiles(geo: PoolGeometry, in_sizes: Sequence[int]) -> bool:
             and all(n % k == 0 or not geo.ceil_mode for n, k in zip(in_sizes, geo.kernel)))
 
 
-def _tiled_grad(xp: Any, x: Any, g: Any, geo: PoolGeometry, out: Optional[Any]) -> Any:
-    """max_pool_grad for tiled windows: g to each window's first maximum, in row-major window order.
+def _tiled_grad(xp: Any, x: Any, g: Any, geo: PoolGeometry, out: Optional[Any], pooled: Optional[Any] = None) -> Any:
+    """max_pool_grad for tiled windows: g to each window's first maximum, in row-major window order;
+    ``pooled`` (the forward's output, when given) are the window maxima.
 
     (NumPy reductions over small strided axes are slow: the maximum and the first-hit mask are
     built from elementwise passes over the per-offset views instead.)
@@ -173,9 +174,12 @@ def _tiled_grad(xp: Any, x: Any, g: Any, geo: PoolGeometry, out: Optional[Any]) 
     exact = all(o * k == n for o, k, n in zip(out_sizes, geo.kernel, x.shape[2:]))
     xr = (x if exact else x[tiled]).reshape(split)
     offsets = geo.offsets()
-    best = at(xr, offsets[0]).copy()
-    for kk in offsets[1:]:
-        xp.maximum(best, at(xr, kk), out=best)
+    if pooled is not None:
+        best = pooled
+    else:
+        best = at(xr, offsets[0]).copy()
+        for kk in offsets[1:]:
+            xp.maximum(best, at(xr, kk), out=best)
     if out is None:
         out = xp.empty(x.shape, dtype=g.dtype) if exact else xp.zeros(x.shape, dtype=g.dtype)
     elif not exact:
@@ -253,9 +257,11 @@ def _avg_pool_infer(types, kernel, stride, pad, ceil_mode, count_include_pad):
 
 
 def _x_shaped(types, **attrs):
-    """(x, g) -> x's shape with g's dtype (the max-pool routing op)."""
-    x, g = types
+    """(x, g[, y]) -> x's shape with g's dtype (the max-pool routing op)."""
+    x, g = types[:2]
     _check_input(x, "max_pool_grad")
+    if len(types) == 3 and (types[2].dtype is not x.dtype or not dims_agree(types[2].shape, g.shape)):
+        raise ShapeError(f"max_pool_grad: the pooled output {types[2]!r} must match x's dtype and g's shape {g!r}")
     PoolGeometry(x.ndim - 2, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["ceil_mode"])
     return x.with_dtype(g.dtype)
 
@@ -314,18 +320,20 @@ def _flat_mask(xp: Any, index: Any, in_sizes: Sequence[int], out_sizes: Sequence
 
 @max_pool.grad
 def _(node, g, *_mask_grad):
-    return [None if g is None else max_pool_grad(node.inputs[0], g, **_pool_attrs(node))]
+    # the pooled output rides along: the tiled kernel then need not find the window maxima again
+    return [None if g is None else max_pool_grad(node.inputs[0], g, node.outputs[0], **_pool_attrs(node))]
 
 
-max_pool_grad = defop("max_pool_grad", num_inputs=2, pattern=OPAQUE, attrs=dict(_POOL_ATTRS), infer=_x_shaped,
-                      doc="Gradient of max_pool: (x, g) -> g routed to each window's first argmax in x.")
+max_pool_grad = defop("max_pool_grad", num_inputs=(2, 3), pattern=OPAQUE, attrs=dict(_POOL_ATTRS), infer=_x_shaped,
+                      doc="Gradient of max_pool: (x, g[, y = max_pool(x)]) -> g routed to each window's first "
+                          "argmax in x.")
 
 
 @max_pool_grad.kernel
-def _(xp, x, g, *, kernel, stride, pad, ceil_mode, out=None):
+def _(xp, x, g, y=None, *, kernel, stride, pad, ceil_mode, out=None):
     geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
     if _tiles(geo, x.shape[2:]):
-        return _tiled_grad(xp, x, g, geo, out)
+        return _tiled_grad(xp, x, g, geo, out, y)
     _, index, _ = _window_argmax(xp, x, geo)
     zero = xp.zeros((), dtype=g.dtype)
 
@@ -334,7 +342,7 @@ def _(xp, x, g, *, kernel, stride, pad, ceil_mode, out=None):
 
 @max_pool_grad.grad
 def _(node, gg):
-    return [None, max_pool_select(node.inputs[0], gg, **_pool_attrs(node))]
+    return [None, max_pool_select(node.inputs[0], gg, **_pool_attrs(node))] + [None] * (len(node.inputs) - 2)
 
 
 max_pool_select = defop("max_pool_select", num_inputs=2, pattern=OPAQUE, attrs=dict(_POOL_ATTRS), infer=_y_shaped,

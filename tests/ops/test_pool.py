@@ -340,3 +340,19 @@ def test_tiled_max_pool_gradient_goes_to_the_first_maximum(size, ceil_mode):
         a, b = np.unravel_index(np.argmax(window), (2, 2))   # argmax: first maximum, row-major
         want[n, c, 2 * i + a, 2 * j + b] += g[n, c, i, j]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape,ceil", [((3, 4, 8, 6), False), ((2, 3, 9, 7), False), ((2, 3, 8, 8), True)])
+def test_max_pool_grad_with_the_pooled_output_routes_as_without_it(shape, ceil):
+    """The gradient reads the forward's maxima instead of finding them again; routing (ties included)
+    must not change, in exact and cropped (floor mode) tilings."""
+    rng = np.random.default_rng(7)
+    x = np.maximum(rng.standard_normal(shape), 0.0).astype(np.float32)   # ReLU zeros: many ties
+    attrs = dict(kernel=(2, 2), stride=(2, 2), pad=(0,), ceil_mode=ceil)
+    y = P.max_pool.bind(np, dict(attrs, return_mask=False))(x)
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    grad = P.max_pool_grad.bind(np, attrs)
+    np.testing.assert_array_equal(grad(x, g, y), grad(x, g))
+    xv = input_value(TensorType(shape, "float32"), "x")
+    (gx,) = cgvm.grad(R.sum(P.max_pool(xv, **attrs)), [xv])
+    assert gx.node.op.name == "max_pool_grad" and len(gx.node.inputs) == 3
