@@ -24,7 +24,7 @@ from ..ir.builder import apply
 from ..ir.graph import CONST, Graph, Node, Value
 from ..ir.types import DType
 from ..ops import fused as F
-from ..ops.registry import BROADCAST, ELEMWISE
+from ..ops.registry import BROADCAST, ELEMWISE, SHAPE_ONLY_INPUTS
 from ..ops.rules import broadcast_shapes
 from .rewrite import rewrite
 
@@ -306,10 +306,8 @@ def fuse_elementwise(graph: Graph) -> Graph:
 
 _ACTIVATIONS = ("relu", "tanh", "sigmoid")
 _MASTERS = ("matmul", "gemm", "conv")   # ops whose output an epilogue can finish
-# (op, input position) pairs that read only the shape and dtype of that input: such a reader of a
-# fused intermediate can read the fused result instead (it has the same shape and dtype)
-_SHAPE_ONLY = {("sum_to_like", 1), ("reshape_like", 1), ("broadcast_like", 1), ("zeros_like", 0),
-               ("ones_like", 0), ("full_like", 0), ("shape_of", 0)}
+# a shape-only reader of a fused intermediate can read the fused result instead (same shape and dtype)
+_SHAPE_ONLY = SHAPE_ONLY_INPUTS
 
 
 def _activation(node: Node) -> Optional[str]:

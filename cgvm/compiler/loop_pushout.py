@@ -17,13 +17,13 @@ Each rewrite keeps the scan's outputs in place, so the rest of the graph is unto
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.builder import clone_node, rebuild
 from ..ir.graph import CONST, Graph, Node, Value, input_value
 from ..ops import elementwise as ew
 from ..ops import control, linalg, reduce
-from ..ops.registry import BROADCAST, ELEMWISE
+from ..ops.registry import BROADCAST, ELEMWISE, SHAPE_ONLY_INPUTS
 from ..ops import shape as shp
 from .rewrite import rewrite
 
@@ -68,10 +68,19 @@ def _push_sequence_work(node: Node, inputs: List[Value]) -> Optional[List[Value]
                 continue
         elif not _per_step_elementwise(n, seqlike, invariant):
             continue
-        seqlike[id(n.outputs[0])] = clone_node(n, [outer(v) for v in n.inputs])[0]
+        seqlike[id(n.outputs[0])] = n.outputs[0]   # a candidate; built below if its value is needed
         pushed.append(n)
+    # only work whose value is read goes out: a product that only gives a gradient its shape (the
+    # "like" operand of sum_to_like) stays in the body, where specialization removes it
+    wanted = {id(v) for v in body.outputs}
+    for n in reversed(body.nodes):
+        if any(id(o) in wanted for o in n.outputs):
+            wanted.update(id(v) for k, v in enumerate(n.inputs) if (n.op.name, k) not in SHAPE_ONLY_INPUTS)
+    pushed = [n for n in pushed if id(n.outputs[0]) in wanted]
     if not pushed:
         return None
+    for n in pushed:
+        seqlike[id(n.outputs[0])] = clone_node(n, [outer(v) for v in n.inputs])[0]
     # the pushed values that the rest of the body (or its outputs) still reads become new sequences
     done = {id(n) for n in pushed}
     read = {id(v) for n in body.nodes if id(n) not in done for v in n.inputs} | {id(v) for v in body.outputs}
@@ -101,22 +110,34 @@ def _accumulated_term(body: Graph, k: int, S: int, uses: Dict[int, List[Node]]) 
     return term
 
 
-def _term_factors(term: Value, invariant: Dict[int, Value]) -> Optional[Tuple[str, Sequence[Value]]]:
-    """("gram", (a, b)) for matmul(transpose(a), b); ("sum_to", (v, p)) for sum_to_like(v, p)."""
+class _Term(NamedTuple):
+    """How a carry's per-step term is summed outside: a gram product Aᵀ B of the stacked factors
+    (a, b), or the sum over steps of stacked v; then, with ``like``, reduced by sum_to_like."""
+    kind: str                       # "gram" or "sum"
+    factors: Tuple[Value, ...]      # (a, b) or (v,)
+    like: Optional[Value]           # the sum_to_like target (invariant), or None
+
+
+def _term_factors(term: Value, invariant: Dict[int, Value]) -> Optional[_Term]:
+    """The summable form of a per-step term: matmul(transpose(a), b), optionally inside
+    sum_to_like(·, p) with p loop-invariant (how autodiff reduces to a broadcast operand's shape),
+    or sum_to_like(v, p) that really reduces (p has fewer axes than v: bias gradients)."""
+    like = None
     n = term.node
-    if n is None:
-        return None
-    if n.op.name == "matmul":
+    if n is not None and n.op.name == "sum_to_like":
+        v, p = n.inputs
+        if not (p.kind == CONST or id(p) in invariant):
+            return None
+        term, like, n = v, p, v.node
+    if n is not None and n.op.name == "matmul":
         at, b = n.inputs
         t = at.node
         if t is not None and t.op.name == "transpose" and tuple(t.attrs["perm"] or (1, 0)) == (1, 0):
             a = t.inputs[0]
-            if a.ndim == 2 and b.ndim == 2 and a.shape[1] is not None and b.shape[1] is not None:
-                return "gram", (a, b)
-    if n.op.name == "sum_to_like":
-        v, like = n.inputs
-        if like.kind == CONST or id(like) in invariant:
-            return "sum_to", (v, like)
+            if a.ndim == 2 and b.ndim == 2:
+                return _Term("gram", (a, b), like)
+    if like is not None and like.ndim < term.ndim:
+        return _Term("sum", (term,), like)
     return None
 
 
@@ -130,7 +151,7 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
     stacked = list(a["stacked"])
     invariant = {id(v): o for v, o in zip(body.inputs[S + C:], inputs[S + C:])}
     uses = _uses(body)
-    pushed: Dict[int, Tuple[str, Sequence[Value]]] = {}
+    pushed: Dict[int, _Term] = {}
     for k in range(a["reset_carries"], C):   # carries reset after a truncated loop are not plain sums
         if k in stacked:
             continue
@@ -154,7 +175,7 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
         if all(f is not y for y in new_ys):
             new_ys.append(f)
     for k in sorted(pushed):
-        kind, factors = pushed[k]
+        kind, factors, _ = pushed[k]
         if kind == "gram" and not has_until and id(factors[0]) in seq_inputs and id(factors[1]) not in seq_inputs:
             seq_outer[id(factors[0])] = seq_inputs[id(factors[0])]
             stack(factors[1])
@@ -162,7 +183,7 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
             seq_outer[id(factors[1])] = seq_inputs[id(factors[1])]
             stack(factors[0])
         else:
-            for f in factors[:2 if kind == "gram" else 1]:
+            for f in factors:
                 stack(f)
     body_outs = [body.outputs[k] for k in keep] + list(body.outputs[C:C + n_ys]) + new_ys
     if has_until:
@@ -194,19 +215,20 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
         if k not in pushed:
             mapping.append(next(it_final))
             continue
-        kind, factors = pushed[k]
+        kind, factors, like = pushed[k]
         if kind == "gram":
             if id(factors[1]) in seq_outer and id(factors[1]) not in stack_of:
                 B, A = aligned(factors[1], factors[0])
             else:
                 A, B = aligned(factors[0], factors[1])
-            flat_a = shp.reshape(A, shape=(-1, int(factors[0].shape[1])))
-            flat_b = shp.reshape(B, shape=(-1, int(factors[1].shape[1])))
+            # (T, N, m) -> (T·N, m): steps and rows together, whatever is known statically
+            flat_a = shp.flatten(A, axis=0, end_axis=1)
+            flat_b = shp.flatten(B, axis=0, end_axis=1)
             total = linalg.matmul(shp.transpose(flat_a, perm=(1, 0)), flat_b)
         else:
-            V = stack_of[id(factors[0])]
-            like = factors[1]
-            total = reduce.sum_to_like(reduce.sum(V, axis=(0,)), like if like.kind == CONST else invariant[id(like)])
+            total = reduce.sum(stack_of[id(factors[0])], axis=(0,))
+        if like is not None:
+            total = reduce.sum_to_like(total, like if like.kind == CONST else invariant[id(like)])
         mapping.append(ew.add(inits[k], total))
     return mapping + list(rest[:old_ys_end])
 

@@ -27,21 +27,35 @@ IDENTITY_WHEN: Dict[str, Callable[[Sequence[TensorType], TensorType], bool]] = {
 def specialize(program: Program, types: Sequence[TensorType]) -> Program:
     """The program with identity adapters aliased away and dead instructions removed."""
     outputs = set(program.output_slots)
+    leaves = set(program.input_slots) | {s for _, s in program.param_slots} | {s for s, _ in program.const_slots}
     alias: Dict[int, int] = {}
+    returned: set = set()   # sources that an aliased output now returns
     calls: List[Instr] = []
     for ins in program.instrs:
         if ins.opcode != CALL:
             continue
         args = tuple(alias.get(a, a) for a in ins.args)
         rule = IDENTITY_WHEN.get(program.nodes[ins.node].op.name)
-        if (rule is not None and len(ins.results) == 1 and ins.results[0] not in outputs
+        if (rule is not None and len(ins.results) == 1
                 and all(types[s].is_concrete for s in args[:1] + ins.results)
                 and rule([types[a] for a in args], types[ins.results[0]])):
-            alias[ins.results[0]] = args[0]
-            continue
+            result, source = ins.results[0], args[0]
+            # an output may become its source only when that is computed here and returned once:
+            # it is then a fresh array like any output (not an input's memory, not a planned
+            # buffer, not shared with another output)
+            if result not in outputs or (source not in leaves and source not in outputs
+                                         and source not in returned):
+                alias[result] = source
+                if result in outputs:
+                    returned.add(source)
+                continue
+            if len(args) == 2:   # still copied, but its "like" operand is no longer needed for a shape
+                args = (source, source)
         calls.append(Instr(CALL, ins.node, args, ins.results))
-    if not alias:
+    if not alias and all(a == b for a, b in zip(calls, [i for i in program.instrs if i.opcode == CALL])):
         return program
+    output_slots = tuple(alias.get(s, s) for s in program.output_slots)
+    outputs = set(output_slots)
     live = set(outputs)
     kept: List[Instr] = []
     for ins in reversed(calls):
@@ -49,9 +63,7 @@ def specialize(program: Program, types: Sequence[TensorType]) -> Program:
             kept.append(ins)
             live.update(ins.args)
     kept.reverse()
-    keep = outputs | set(program.input_slots) | {s for _, s in program.param_slots} | \
-        {s for s, _ in program.const_slots}
-    instrs = with_frees(kept, keep)
-    instrs.append(Instr(RET, -1, program.output_slots, ()))
+    instrs = with_frees(kept, outputs | leaves)
+    instrs.append(Instr(RET, -1, output_slots, ()))
     return Program(instrs, program.nodes, program.slot_names, program.slot_types, program.input_slots,
-                   program.param_slots, program.const_slots, program.output_slots, name=program.name)
+                   program.param_slots, program.const_slots, output_slots, name=program.name)

@@ -25,6 +25,12 @@ INJECTIVE = "injective"    # each output element reads one input element (reshap
 REDUCE = "reduce"
 OPAQUE = "opaque"
 
+#: (op, input position) pairs that read only the shape and dtype of that input ("like" operands):
+#: passes may hand such a reader any value of the same type, and need not compute one for it
+SHAPE_ONLY_INPUTS = {("sum_to_like", 1), ("reshape_like", 1), ("broadcast_like", 1), ("zeros_like", 0),
+                     ("ones_like", 0), ("full_like", 0), ("shape_of", 0), ("steps_like", 1),
+                     ("pad_steps_like", 1), ("place_first", 1)}
+
 KernelFn = Callable[..., Any]
 GradFn = Callable[..., Sequence[Any]]
 
