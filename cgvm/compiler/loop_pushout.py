@@ -8,12 +8,16 @@ Two rewrites, both exact up to float summation order:
   values goes out with it (BPTT's ``1 - tanh²`` of the stacked forward outputs, say).
 - Accumulators. A carry that only sums a per-step term, ``c_t = c_{t-1} + term_t``, with
   ``term_t = matmul(transpose(a_t), b_t)`` (the weight gradients of backpropagation through
-  time) or ``term_t = sum_to_like(v_t, p)`` (bias gradients), stops being a carry: the loop
-  stacks ``a_t, b_t`` (``v_t``) as per-step outputs, and after it ``c_T = c_0 + Aᵀ B`` with A, B
-  flattened to (T·N, ·): one GEMM instead of T GEMMs and T additions. Steps a loop does not run
-  (``truncate``, ``until``) leave zero rows in the stacks, which add nothing.
+  time, also when autodiff wrapped them in ``sum_to_like(·, p)``) or a reducing
+  ``sum_to_like(v_t, p)`` (bias gradients), stops being a carry: the loop stacks ``a_t, b_t``
+  (``v_t``) as per-step outputs (a factor that is a sequence slice is read from the sequence),
+  and after it ``c_T = c_0 + Aᵀ B`` with A, B flattened to (T·N, ·): one GEMM instead of T
+  GEMMs and T additions. Steps a loop does not run (``truncate``, ``until``) leave zero rows in
+  the stacks, which add nothing.
 
-Each rewrite keeps the scan's outputs in place, so the rest of the graph is untouched.
+Each rewrite keeps the scan's outputs in place, so the rest of the graph is untouched. Work
+that only gives another node its shape stays in the body, where per-signature specialization
+removes it.
 """
 from __future__ import annotations
 
@@ -21,10 +25,10 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.builder import clone_node, rebuild
 from ..ir.graph import CONST, Graph, Node, Value, input_value
-from ..ops import elementwise as ew
 from ..ops import control, linalg, reduce
-from ..ops.registry import BROADCAST, ELEMWISE, SHAPE_ONLY_INPUTS
+from ..ops import elementwise as ew
 from ..ops import shape as shp
+from ..ops.registry import BROADCAST, ELEMWISE, SHAPE_ONLY_INPUTS
 from .rewrite import rewrite
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import GraphBuildError, ShapeError
 from .graph import CONST, Node, Value, const_value, current_source
-from .types import DType, TensorType, float32
+from .types import float32
 
 
 def as_value(x: Any, like: Optional[Value] = None) -> Value:

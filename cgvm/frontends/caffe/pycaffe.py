@@ -6,8 +6,7 @@ graph-backed net of net.py. ``set_mode_gpu`` switches new nets to the CuPy backe
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 

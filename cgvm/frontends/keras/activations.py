@@ -8,7 +8,6 @@ from ...ir.graph import Value
 from ...ops import elementwise as ew
 from ...ops import elementwise_math as em
 from ...ops import nn
-from ...ops import reduce as red
 from .backend import to_value
 from .serialization import KerasConfigError
 

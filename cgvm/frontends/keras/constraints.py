@@ -1,7 +1,7 @@
 """Weight constraints, applied to a weight after each optimizer step (as graph nodes of the update)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence
+from typing import Any, Dict
 
 from ...ir.graph import Value
 from ...ops import elementwise as ew

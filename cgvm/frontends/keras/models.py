@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ...errors import GraphBuildError
-from ...ir.graph import Value, input_value
-from ...ir.types import DType, TensorType
+from ...ir.graph import Value
+from ...ir.types import TensorType
 from . import backend as K
 from .backend import KerasTensor, flatten, map_structure, to_value
 from .layers.base import InputLayer, Layer, Node, registry

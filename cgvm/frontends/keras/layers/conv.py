@@ -14,7 +14,6 @@ from typing import Any, List, Optional, Sequence, Tuple
 from ....errors import GraphBuildError
 from ....ir.graph import Value
 from ....ops import conv as conv_ops
-from ....ops import elementwise as ew
 from ....ops import indexing
 from ....ops import shape as shp
 from .. import activations

@@ -1,7 +1,7 @@
 """BatchNormalization (moving statistics updated as part of the training step) and LayerNormalization."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 from ....ops import elementwise as ew
 from ....ops import elementwise_math as em

@@ -20,7 +20,7 @@ per gate; with ``dropout`` alone one input mask serves all gates.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Tuple
 
 from ....errors import GraphBuildError
 from ....ir.graph import Graph, Value, input_value

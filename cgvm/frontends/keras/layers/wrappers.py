@@ -6,7 +6,7 @@ masked steps; TimeDistributed keeps the (batch, time) mask of its input for its 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 from ....errors import GraphBuildError
 from ....ops import elementwise as ew
