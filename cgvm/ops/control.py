@@ -94,6 +94,31 @@ scan = defop("scan", num_inputs=(0, None), num_outputs=_scan_outputs, pattern=OP
                     "stacked": Ints(None)})
 
 
+def _steady_loop(n_seqs: int, n_carry: int, n_nonseq: int, kept: Sequence[int], go_backwards: bool,
+                 has_until: bool):
+    """The loop over steps t0..active-1 once the step's shapes are fixed, generated as straight-line
+    Python for this scan's arity (no per-step lists, zips or slicing comprehensions):
+    ``loop(step, seqs, carries, nonseqs, stacks, t0, active, steps) -> (carries, stopped_after, last_t)``."""
+    seq, car, par, stk = ([f"{p}{k}" for k in range(n)] for p, n in
+                          (("s", n_seqs), ("c", n_carry), ("p", n_nonseq), ("st", len(kept))))
+    lines = ["def loop(step, seqs, carries, nonseqs, stacks, t0, active, steps):"]
+    for names, src in ((seq, "seqs"), (car, "carries"), (par, "nonseqs"), (stk, "stacks")):
+        if names:
+            lines.append(f"    {', '.join(names)}, = {src}")
+    lines += ["    t = t0 - 1", "    for t in range(t0, active):",
+              f"        i = {'steps - 1 - t' if go_backwards else 't'}",
+              f"        r = step({', '.join([f'{s}[i]' for s in seq] + car + par)})"]
+    lines += [f"        {st}[t] = r[{k}]" for st, k in zip(stk, kept)]
+    if car:
+        lines.append(f"        {', '.join(car)}, = r[:{n_carry}]")
+    if has_until:
+        lines += ["        if r[-1]:", f"            return [{', '.join(car)}], t + 1, t"]
+    lines.append(f"    return [{', '.join(car)}], None, t")
+    env: dict = {}
+    exec(compile("\n".join(lines), f"<cgvm scan loop {n_seqs}/{n_carry}/{n_nonseq}>", "exec"), env)
+    return env["loop"]
+
+
 @scan.kernel_factory
 def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_steps, truncate,
       reset_carries, truncate_gradient, stacked):
@@ -111,6 +136,8 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         spare[j] = xp.empty(shape, dtype)
         return spare[j]
 
+    steady = _steady_loop(n_seqs, n_carry, len(body.inputs) - n_seqs - n_carry, kept, go_backwards, has_until)
+
     def scan_kernel(*inputs):
         seqs, inits, rest = _split(inputs, n_seqs, n_carry)
         nonseqs = list(rest[:-1] if dyn_steps else rest)
@@ -127,6 +154,7 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         stacks: List[Any] = []
         done = steps
         step = None
+        t = -1
         for t in range(active):
             i = steps - 1 - t if go_backwards else t
             args = [s[i] for s in seqs] + carries + nonseqs
@@ -143,11 +171,16 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
             if has_until and bool(res[-1]):
                 done = t + 1
                 break
+            if step is not None and t + 1 < active:   # fixed shapes: the rest runs in straight-line code
+                carries, stopped, t = steady(step, seqs, carries, nonseqs, stacks, t + 1, active, steps)
+                if stopped is not None:
+                    done = stopped
+                break
         if not stacks:  # zero steps: empty stacks shaped after the initial carries
             stacks = [xp.zeros((0,) + inits[k].shape, inits[k].dtype) for k in _stacked(stacked, n_carry)]
             stacks += [xp.zeros((0,) + tuple(d or 0 for d in o.shape), o.dtype.np)
                        for o in body.outputs[n_carry:n_carry + n_ys]]
-        written = t + 1 if active else 0
+        written = t + 1
         for st in stacks:   # steps not run (truncate) read as zeros
             st[written:] = 0
         if active < steps:
