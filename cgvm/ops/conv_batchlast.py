@@ -61,6 +61,16 @@ def _window(buf: Any, ki: int, kj: int, r0: int, r1: int, ow: int, geo: Any) -> 
     return buf[:, top:top + (r1 - r0 - 1) * sh + 1:sh, left:left + (ow - 1) * sw + 1:sw, :]
 
 
+def _columns(xp: Any, xt: Any, ksize: Tuple[int, int], r0: int, r1: int, ow: int, geo: Any) -> Any:
+    """im2col of output rows r0..r1 from the batch-last input: (C, kh, kw, rows, OW, N)."""
+    kh, kw = ksize
+    cols = xp.empty((xt.shape[0], kh, kw, r1 - r0, ow, xt.shape[-1]), dtype=xt.dtype)
+    for ki in range(kh):
+        for kj in range(kw):
+            cols[:, ki, kj] = _window(xt, ki, kj, r0, r1, ow, geo)
+    return cols
+
+
 def forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: Any, out_sizes: Sequence[int], out: Any) -> Any:
     """y = conv(x, w) + b written into ``out`` (N, O, OH, OW)."""
     n, c = x.shape[:2]
@@ -72,11 +82,7 @@ def forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: Any, out_sizes: Sequ
     wmat = w.reshape(groups, og, kc)
     for r0, r1 in _row_chunks(oh, c * kh * kw * ow * n * x.dtype.itemsize):
         rows = r1 - r0
-        cols = xp.empty((c, kh, kw, rows, ow, n), dtype=x.dtype)
-        for ki in range(kh):
-            for kj in range(kw):
-                cols[:, ki, kj] = _window(xt, ki, kj, r0, r1, ow, geo)
-        cols = cols.reshape(groups, kc, rows * ow * n)
+        cols = _columns(xp, xt, (kh, kw), r0, r1, ow, geo).reshape(groups, kc, rows * ow * n)
         y = xp.matmul(wmat, cols).reshape(o, rows, ow, n)
         if b is not None:
             y += b.reshape(o, 1, 1, 1)
@@ -122,11 +128,7 @@ def backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: Any, out
     result = out.reshape(groups, og, cg * kh * kw)
     for index, (r0, r1) in enumerate(_row_chunks(oh, c * kh * kw * ow * n * x.dtype.itemsize)):
         rows = r1 - r0
-        cols = xp.empty((c, kh, kw, rows, ow, n), dtype=x.dtype)
-        for ki in range(kh):
-            for kj in range(kw):
-                cols[:, ki, kj] = _window(xt, ki, kj, r0, r1, ow, geo)
-        cols = cols.reshape(groups, cg * kh * kw, rows * ow * n)
+        cols = _columns(xp, xt, (kh, kw), r0, r1, ow, geo).reshape(groups, cg * kh * kw, rows * ow * n)
         gmat = gt[:, :, r0:r1].reshape(groups, og, rows * ow * n)
         if index == 0:
             xp.matmul(gmat, cols.transpose(0, 2, 1), out=result)
