@@ -32,14 +32,6 @@ from ..ops.registry import BROADCAST, ELEMWISE, SHAPE_ONLY_INPUTS
 from .rewrite import rewrite
 
 
-def _uses(body: Graph) -> Dict[int, List[Node]]:
-    uses: Dict[int, List[Node]] = {}
-    for n in body.nodes:
-        for v in n.inputs:
-            uses.setdefault(id(v), []).append(n)
-    return uses
-
-
 # --------------------------------------------------------------------------- sequence work
 
 def _per_step_elementwise(n: Node, seqlike: Dict[int, Value], invariant: Dict[int, Value]) -> bool:
@@ -154,7 +146,7 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
         return None
     stacked = list(a["stacked"])
     invariant = {id(v): o for v, o in zip(body.inputs[S + C:], inputs[S + C:])}
-    uses = _uses(body)
+    uses = body.consumers()
     pushed: Dict[int, _Term] = {}
     for k in range(a["reset_carries"], C):   # carries reset after a truncated loop are not plain sums
         if k in stacked:
