@@ -30,6 +30,7 @@ def specialize(program: Program, types: Sequence[TensorType]) -> Program:
     leaves = set(program.input_slots) | {s for _, s in program.param_slots} | {s for s, _ in program.const_slots}
     alias: Dict[int, int] = {}
     returned: set = set()   # sources that an aliased output now returns
+    freed_like = False      # some kept adapter no longer reads its "like" operand
     calls: List[Instr] = []
     for ins in program.instrs:
         if ins.opcode != CALL:
@@ -50,9 +51,9 @@ def specialize(program: Program, types: Sequence[TensorType]) -> Program:
                     returned.add(source)
                 continue
             if len(args) == 2:   # still copied, but its "like" operand is no longer needed for a shape
-                args = (source, source)
+                args, freed_like = (source, source), True
         calls.append(Instr(CALL, ins.node, args, ins.results))
-    if not alias and all(a == b for a, b in zip(calls, [i for i in program.instrs if i.opcode == CALL])):
+    if not alias and not freed_like:
         return program
     output_slots = tuple(alias.get(s, s) for s in program.output_slots)
     outputs = set(output_slots)
