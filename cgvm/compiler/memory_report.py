@@ -16,7 +16,10 @@ their base's allocation. It reports, in bytes:
   the same instruction: the floor for inference, where every value is read once;
 * with recomputation: ``activation_peak_without_recompute`` and the ratio ``recompute_saving``.
 
-Kernels' internal scratch (im2col columns and such) is not part of the program and not counted.
+* ``scratch``: the largest kernel scratch (cgvm.ops.scratch) of one instruction. With planning,
+  scratch that fits in memory no value holds at its instruction adds nothing; the rest counts as
+  dynamic while its instruction runs. Without planning, and for temporaries a kernel does not
+  declare, kernel scratch is not counted.
 """
 from __future__ import annotations
 
@@ -137,7 +140,8 @@ def simulate(program: Program, types: Sequence[TensorType], plan: Optional[Memor
     logical: Dict[int, int] = {s: nbytes(s) for s in program.input_slots}   # activations alive, for the floor
     two_largest = _top_two(logical.values())
 
-    for ins in program.instrs:
+    scratch_left = plan.scratch_left if plan is not None else {}
+    for pc, ins in enumerate(program.instrs):
         if ins.opcode == CALL:
             node = program.nodes[ins.node]
             for r in ins.results:
@@ -159,7 +163,7 @@ def simulate(program: Program, types: Sequence[TensorType], plan: Optional[Memor
                     if r not in outputs:
                         intermediate_dynamic += size
             two_largest = max(two_largest, _top_two(logical.values()))
-            dynamic_peak = max(dynamic_peak, dynamic_live)
+            dynamic_peak = max(dynamic_peak, dynamic_live + scratch_left.get(pc, 0))
             intermediate_peak = max(intermediate_peak, intermediate_dynamic)
             liveness_peak = max(liveness_peak, liveness)
         elif ins.opcode == FREE:
@@ -192,6 +196,8 @@ def simulate(program: Program, types: Sequence[TensorType], plan: Optional[Memor
         "inplace": len(plan.inplace) if plan is not None else 0,
         "dynamic_values": plan.dynamic_slots if plan is not None else 0,
         "instructions": sum(1 for i in program.instrs if i.opcode == CALL),
+        "scratch": max([b for _, _, b in plan.scratch.values()] + list(scratch_left.values()), default=0)
+        if plan is not None else 0,
     }
 
 

@@ -8,9 +8,10 @@ Attributes shared by the family (each may be one value for all spatial axes or o
 ``(begin_0, ..., begin_n-1, end_0, ..., end_n-1)`` as in ONNX for asymmetric padding; ``groups`` (1).
 Output size per axis: ``floor((in + pad_begin + pad_end - (dilation·(k-1)+1)) / stride) + 1``.
 
-Kernels: im2col is an ``as_strided`` view of the zero-padded input copied once into a
-contiguous (N, groups, C/g·Πk [+1], L) block, then GEMMs over (N, groups); a bias rides along
-as a row of ones in the columns. col2im is a loop over kernel offsets adding strided slices
+Kernels: im2col is an ``as_strided`` view of the zero-padded input copied, a chunk of samples
+at a time, into a contiguous (chunk, groups, C/g·Πk, L) block, then GEMMs over (samples,
+groups). The forward's temporaries are declared as scratch (cgvm.ops.scratch), so the memory
+plan holds them. col2im is a loop over kernel offsets adding strided slices
 (no scatter), which is what the transposed ops use.
 
 Gradients are three ops closed under differentiation (conv is bilinear in x and w):
@@ -23,6 +24,8 @@ from __future__ import annotations
 import itertools
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..errors import DTypeError, ShapeError
 from ..ir.attrs import Int, Ints
 from ..ir.types import TensorType
@@ -31,6 +34,7 @@ from . import conv_winograd as winograd
 from . import reduce as red
 from .registry import OPAQUE, defop
 from .rules import Dim, require_float
+from .scratch import Layout, layout_bytes, take
 
 PadPairs = Tuple[Tuple[int, int], ...]
 
@@ -149,20 +153,16 @@ def _bias_shape(nsp: int, channels: int) -> Tuple[int, ...]:
 
 
 def _grouped_matmul(xp: Any, a: Any, b: Any, out: Optional[Any] = None) -> Any:
-    """a (G, M, K) @ b (N, G, K, L) -> (N, G, M, L).
+    """a (G, M, K) @ b (N, G, K, L) -> (N, G, M, L), one GEMM per (sample, group).
 
     NumPy's matmul sends an operand broadcast along the batch (stride 0) through its non-BLAS
-    loop, 20-50x slower than GEMM; so with one group we run one GEMM per sample, and with
-    several we materialize the broadcast weights first.
+    loop, 20-50x slower than GEMM; a loop of GEMMs needs no broadcast copy of the weights.
     """
-    if a.shape[0] != 1:
-        a = xp.ascontiguousarray(xp.broadcast_to(a, (b.shape[0],) + tuple(a.shape)))
-        return xp.matmul(a, b, out=out)
     if out is None:
-        out = xp.empty((b.shape[0], 1, a.shape[1], b.shape[3]), dtype=xp.result_type(a, b))
-    a2 = a[0]
+        out = xp.empty((b.shape[0], a.shape[0], a.shape[1], b.shape[3]), dtype=xp.result_type(a, b))
     for i in range(b.shape[0]):
-        xp.matmul(a2, b[i, 0], out=out[i, 0])
+        for j in range(a.shape[0]):
+            xp.matmul(a[j], b[i, j], out=out[i, j])
     return out
 
 
@@ -180,20 +180,60 @@ def sample_chunks(n: int, bytes_per_sample: int) -> List[Tuple[int, int]]:
     return [(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _winograd_tile(x: Any, w: Any, geo: ConvGeometry, out_sizes: Sequence[int]) -> Optional[int]:
-    """Winograd's tile side for a 2-D 3x3 convolution with stride 1, dilation 1 and one group, in
-    float32 or float64, when conv_winograd.choose_tile says it pays; else None."""
-    if (geo.nsp != 2 or tuple(w.shape[2:]) != (3, 3) or geo.groups != 1 or geo.stride != (1, 1)
-            or geo.dilation != (1, 1) or x.dtype.kind != "f" or x.dtype.itemsize not in (4, 8)):
-        return None
-    return winograd.choose_tile(x.shape[0], x.shape[1], w.shape[0], out_sizes[0], out_sizes[1], x.dtype.itemsize)
+def forward_methods(x_shape: Sequence[int], w_shape: Sequence[int], dtype: Any, geo: ConvGeometry
+                    ) -> List[Tuple[str, int]]:
+    """The methods conv_forward can use for this convolution, fastest first: ("winograd", tile side)
+    for 3x3 stride-1 2-D convolutions in float32/64 with one group where conv_winograd.choose_tile
+    says it pays, then one of ("batch_last" | "pointwise" | "im2col", 0)."""
+    ksize = tuple(w_shape[2:])
+    out_sizes = geo.out_sizes(x_shape[2:], ksize)
+    dtype = np.dtype(dtype)
+    methods: List[Tuple[str, int]] = []
+    if (geo.nsp == 2 and ksize == (3, 3) and geo.groups == 1 and geo.stride == (1, 1) and geo.dilation == (1, 1)
+            and dtype.kind == "f" and dtype.itemsize in (4, 8)):
+        tile = winograd.choose_tile(x_shape[0], x_shape[1], w_shape[0], out_sizes[0], out_sizes[1], dtype.itemsize)
+        if tile:
+            methods.append(("winograd", tile))
+    if _is_pointwise(ksize, geo):
+        methods.append(("pointwise", 0))
+    elif batch_last.batch_last_pays(x_shape, out_sizes, "forward"):
+        methods.append(("batch_last", 0))
+    else:
+        methods.append(("im2col", 0))
+    return methods
 
 
-def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, out: Optional[Any] = None) -> Any:
-    """y = conv(x, w) + b: im2col of a chunk of samples, then GEMMs over (samples, groups).
+def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], has_bias: bool, dtype: Any,
+                   geo: ConvGeometry, method: Tuple[str, int]) -> Layout:
+    """The temporaries conv_forward takes (cgvm.ops.scratch) for these operands by ``method``."""
+    kind, tile = method
+    out_sizes = geo.out_sizes(x_shape[2:], w_shape[2:])
+    if kind == "winograd":
+        return winograd.scratch_layout(x_shape, w_shape[0], geo.pads, tile, dtype)
+    if kind == "batch_last":
+        return batch_last.forward_layout(x_shape, w_shape, geo, out_sizes, dtype)
+    if kind == "pointwise":
+        return []
+    # im2col: the columns and the padded input of one chunk of samples
+    n, c = x_shape[:2]
+    cg = w_shape[1]
+    g = geo.groups
+    length = _prod(out_sizes)
+    chunk = sample_chunks(n, g * cg * _prod(w_shape[2:]) * length * np.dtype(dtype).itemsize)[0][1]
+    layout: Layout = [("cols", (chunk, g, cg * _prod(w_shape[2:]), length), dtype)]
+    if any(b or e for b, e in geo.pads):
+        layout.append(("padded", (chunk, c) + tuple(s + b + e for s, (b, e) in zip(x_shape[2:], geo.pads)), dtype))
+    return layout
 
-    3x3 stride-1 2-D convolutions with enough channels and tiles go to Winograd's algorithm
-    instead (conv_winograd; the rule is conv_winograd.choose_tile)."""
+
+def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, out: Optional[Any] = None,
+                 scratch: Optional[Any] = None) -> Any:
+    """y = conv(x, w) + b. Runs the first of forward_methods whose temporaries fit in ``scratch``
+    (a planned uint8 block, see cgvm.ops.scratch), or the first, allocating, without one.
+
+    im2col copies the windows of a chunk of samples (zero-padded one chunk at a time) into
+    columns, then GEMMs over (samples, groups) and adds the bias to the chunk's output while it
+    is in cache (a row of ones in the columns would need a bias-augmented copy of the weights)."""
     n = x.shape[0]
     o, cg = w.shape[:2]
     ksize = tuple(w.shape[2:])
@@ -202,36 +242,47 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
     out_sizes = geo.out_sizes(x.shape[2:], ksize)
     length = _prod(out_sizes)
     target = out if out is not None and out.flags.c_contiguous else xp.empty((n, o) + out_sizes, dtype=x.dtype)
-    tile = _winograd_tile(x, w, geo, out_sizes)
-    if tile:
-        winograd.winograd_conv2d(xp, x, w, b, geo.pads, target, tile)
-        return target if out is None or target is out else _store(xp, target, out)
-    if batch_last.batch_last_pays(x.shape, out_sizes, "forward") and not _is_pointwise(ksize, geo):
-        batch_last.forward(xp, x, w, b, geo, out_sizes, target)
-        return target if out is None or target is out else _store(xp, target, out)
+    methods = forward_methods(x.shape, w.shape, x.dtype, geo)
+    layouts = [forward_layout(x.shape, w.shape, b is not None, x.dtype, geo, m) for m in methods]
+    pick = 0 if scratch is None else next((i for i, lay in enumerate(layouts) if layout_bytes(lay) <= scratch.nbytes), 0)
+    (kind, tile), temps = methods[pick], take(xp, scratch, layouts[pick])
     results = target.reshape(n, g, og, length)
     wmat = w.reshape(g, og, -1)
-    if _is_pointwise(ksize, geo):
+    if kind == "winograd":
+        winograd.winograd_conv2d(xp, x, w, b, geo.pads, target, tile, temps)
+    elif kind == "batch_last":
+        batch_last.forward(xp, x, w, b, geo, out_sizes, target, temps)
+    elif kind == "pointwise":
         _grouped_matmul(xp, wmat, x.reshape(n, g, cg, length), out=results)
         if b is not None:
             target += b.reshape(_bias_shape(geo.nsp, o))
     else:
-        view = _windows(xp, pad_input(xp, x, geo.pads), ksize, out_sizes, geo)
-        kc = cg * _prod(ksize)
-        # with a bias, the columns get a row of ones and the weights a bias column: the GEMM adds
-        # the bias for ~1/kc more work instead of another pass over the output
-        rows = kc + (b is not None)
-        if b is not None:
-            wmat = xp.concatenate([wmat, b.reshape(g, og, 1).astype(wmat.dtype)], axis=2)
-        spans = sample_chunks(n, g * rows * length * x.dtype.itemsize)
-        cols = xp.empty((spans[0][1] - spans[0][0], g, rows, length), dtype=x.dtype)
-        cols[:, :, kc:] = 1
+        cols, padded = temps["cols"], temps.get("padded")
+        if padded is not None:
+            padded[...] = 0      # the borders stay zero; each chunk overwrites the interior
+            interior = crop_padding(padded, geo.pads, x.shape[2:])
         block = (g, cg) + ksize + out_sizes
-        for start, stop in spans:
+        for start, stop in sample_chunks(n, cols[0].size * x.dtype.itemsize):
             m = stop - start
-            cols[:m, :, :kc].reshape((m,) + block)[...] = view[start:stop].reshape((m,) + block)
+            source = x[start:stop]
+            if padded is not None:
+                interior[:m] = source
+                source = padded[:m]
+            view = _windows(xp, source, ksize, out_sizes, geo)
+            cols[:m].reshape((m,) + block)[...] = view.reshape((m,) + block)
             _grouped_matmul(xp, wmat, cols[:m], out=results[start:stop])
+            if b is not None:    # while the chunk's output is in cache
+                results[start:stop] += b.reshape(1, g, og, 1)
     return target if out is None or target is out else _store(xp, target, out)
+
+
+def conv_forward_scratch(types: Sequence[TensorType], stride: Sequence[int], pad: Sequence[int],
+                         dilation: Sequence[int], groups: int) -> Tuple[int, ...]:
+    """Scratch bytes of each of conv_forward's methods for input types (x, w[, b]), fastest first."""
+    x, w = types[0], types[1]
+    geo = ConvGeometry(x.ndim - 2, stride, pad, dilation, groups)
+    return tuple(layout_bytes(forward_layout(x.shape, w.shape, len(types) == 3, x.dtype.np, geo, m))
+                 for m in forward_methods(x.shape, w.shape, x.dtype.np, geo))
 
 
 def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: ConvGeometry,
@@ -423,8 +474,11 @@ conv = defop("conv", num_inputs=(2, 3), pattern=OPAQUE, attrs=dict(_CONV_ATTRS),
 
 
 @conv.kernel
-def _(xp, x, w, b=None, *, stride, pad, dilation, groups, out=None):
-    return conv_forward(xp, x, w, b, ConvGeometry(x.ndim - 2, stride, pad, dilation, groups), out)
+def _(xp, x, w, b=None, *, stride, pad, dilation, groups, out=None, scratch=None):
+    return conv_forward(xp, x, w, b, ConvGeometry(x.ndim - 2, stride, pad, dilation, groups), out, scratch)
+
+
+conv.scratch(conv_forward_scratch)
 
 
 def _bias_grad(g, nsp: int):

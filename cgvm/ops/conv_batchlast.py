@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
+
+from .scratch import take
+
 #: columns kept per chunk of output rows (bytes): as conv.py's im2col, about what a core's L2
 #: holds; measured 1.3-1.8x faster than 4 MiB chunks for LeNet's conv2
 COLUMN_BUDGET_BYTES = 1 << 20
@@ -37,15 +41,22 @@ def batch_last_pays(x_shape: Sequence[int], out_sizes: Sequence[int], kind: str)
     return row <= 8 or (row <= 16 and n >= 32)
 
 
-def _padded_batch_last(xp: Any, x: Any, pads: Sequence[Tuple[int, int]]) -> Any:
-    """x (N, C, H, W) as a zero-padded (C, H + pads, W + pads, N) array: one copy does both."""
+def _padded_batch_last(xp: Any, x: Any, pads: Sequence[Tuple[int, int]], into: Optional[Any] = None) -> Any:
+    """x (N, C, H, W) as a zero-padded (C, H + pads, W + pads, N) array (written into ``into`` when
+    given): one copy does both."""
     n, c, h, w = x.shape
     (top, bottom), (left, right) = pads
-    if not (top or bottom or left or right):
-        return xp.ascontiguousarray(x.transpose(1, 2, 3, 0))
-    buf = xp.zeros((c, h + top + bottom, w + left + right, n), dtype=x.dtype)
-    buf[:, top:top + h, left:left + w, :] = x.transpose(1, 2, 3, 0)
-    return buf
+    if into is None:
+        if not (top or bottom or left or right):
+            return xp.ascontiguousarray(x.transpose(1, 2, 3, 0))
+        into = xp.empty((c, h + top + bottom, w + left + right, n), dtype=x.dtype)
+    # zero the border only: the interior is overwritten
+    into[:, :top] = 0
+    into[:, top + h:] = 0
+    into[:, top:top + h, :left] = 0
+    into[:, top:top + h, left + w:] = 0
+    into[:, top:top + h, left:left + w, :] = x.transpose(1, 2, 3, 0)
+    return into
 
 
 def _row_chunks(rows: int, bytes_per_row: int) -> List[Tuple[int, int]]:
@@ -61,29 +72,57 @@ def _window(buf: Any, ki: int, kj: int, r0: int, r1: int, ow: int, geo: Any) -> 
     return buf[:, top:top + (r1 - r0 - 1) * sh + 1:sh, left:left + (ow - 1) * sw + 1:sw, :]
 
 
-def _columns(xp: Any, xt: Any, ksize: Tuple[int, int], r0: int, r1: int, ow: int, geo: Any) -> Any:
-    """im2col of output rows r0..r1 from the batch-last input: (C, kh, kw, rows, OW, N)."""
+def _columns(xp: Any, xt: Any, ksize: Tuple[int, int], r0: int, r1: int, ow: int, geo: Any,
+             flat: Optional[Any] = None) -> Any:
+    """im2col of output rows r0..r1 from the batch-last input: (C, kh, kw, rows, OW, N), in the
+    front of ``flat`` (1-D) when given."""
     kh, kw = ksize
-    cols = xp.empty((xt.shape[0], kh, kw, r1 - r0, ow, xt.shape[-1]), dtype=xt.dtype)
+    shape = (xt.shape[0], kh, kw, r1 - r0, ow, xt.shape[-1])
+    cols = xp.empty(shape, dtype=xt.dtype) if flat is None else flat[:_size(shape)].reshape(shape)
     for ki in range(kh):
         for kj in range(kw):
             cols[:, ki, kj] = _window(xt, ki, kj, r0, r1, ow, geo)
     return cols
 
 
-def forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: Any, out_sizes: Sequence[int], out: Any) -> Any:
-    """y = conv(x, w) + b written into ``out`` (N, O, OH, OW)."""
+def _size(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], geo: Any, out_sizes: Sequence[int],
+                   dtype: Any) -> list:
+    """The temporaries of ``forward`` (cgvm.ops.scratch): the padded batch-last input, and the
+    columns and products of the largest chunk of output rows."""
+    n, c, h, wd = x_shape
+    o, _, kh, kw = w_shape
+    oh, ow = out_sizes
+    (top, bottom), (left, right) = geo.pads
+    r0, r1 = _row_chunks(oh, c * kh * kw * ow * n * np.dtype(dtype).itemsize)[0]
+    return [("xt", (c, h + top + bottom, wd + left + right, n), dtype),
+            ("cols", (c * kh * kw * (r1 - r0) * ow * n,), dtype), ("y", (o * (r1 - r0) * ow * n,), dtype)]
+
+
+def forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: Any, out_sizes: Sequence[int], out: Any,
+            temps: Optional[dict] = None) -> Any:
+    """y = conv(x, w) + b written into ``out`` (N, O, OH, OW); ``temps`` holds the arrays of
+    forward_layout (allocated here when not given)."""
     n, c = x.shape[:2]
     o, cg, kh, kw = w.shape
     groups, og = geo.groups, o // geo.groups
     oh, ow = out_sizes
-    xt = _padded_batch_last(xp, x, geo.pads)
+    if temps is None:
+        temps = take(xp, None, forward_layout(x.shape, w.shape, geo, out_sizes, x.dtype))
+    xt = _padded_batch_last(xp, x, geo.pads, temps["xt"])
     kc = cg * kh * kw
     wmat = w.reshape(groups, og, kc)
     for r0, r1 in _row_chunks(oh, c * kh * kw * ow * n * x.dtype.itemsize):
         rows = r1 - r0
-        cols = _columns(xp, xt, (kh, kw), r0, r1, ow, geo).reshape(groups, kc, rows * ow * n)
-        y = xp.matmul(wmat, cols).reshape(o, rows, ow, n)
+        cols = _columns(xp, xt, (kh, kw), r0, r1, ow, geo, temps["cols"]).reshape(groups, kc, rows * ow * n)
+        y = xp.matmul(wmat, cols, out=temps["y"][:o * rows * ow * n].reshape(groups, og, rows * ow * n))
+        y = y.reshape(o, rows, ow, n)
         if b is not None:
             y += b.reshape(o, 1, 1, 1)
         out[:, :, r0:r1, :] = y.transpose(3, 0, 1, 2)

@@ -20,8 +20,9 @@ and it runs on the BLAS pool.
 
 The batch is processed in bands of tile rows (and chunks of samples) sized by BAND_BUDGET_BYTES,
 so the transforms run on cache-resident operands (3-4x faster per output than from memory).
-Scratch memory per call: U (2.25x or 4x the weights: 16 MiB for 512x512 channels at m = 2), the
-padded input of one chunk of samples and two band buffers of about BAND_BUDGET_BYTES in all.
+Scratch memory per call (``scratch_layout``, planned by conv's scratch rule): U (2.25x or 4x the
+weights: 16 MiB for 512x512 channels at m = 2), the padded input of one chunk of samples and two
+band buffers of about BAND_BUDGET_BYTES in all.
 Ragged edges (output size not a multiple of m) are computed on zero padding and cropped.
 
 The transform matrices come from interpolation points (Cook-Toom, as in Lavin and Gray's
@@ -37,6 +38,8 @@ from fractions import Fraction
 from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
+
+from .scratch import take
 
 #: interpolation points (infinity is implied) for each supported output tile size
 TILE_POINTS = {
@@ -149,8 +152,9 @@ def tile_alpha(tile: int) -> int:
     return tile + KERNEL - 1
 
 
-def transform_weights(xp: Any, w: Any, tile: int) -> Any:
-    """U (a^2, O, C): G g G^T for every (output, input) channel pair of w (O, C, 3, 3), as one GEMM.
+def transform_weights(xp: Any, w: Any, tile: int, out: Optional[Any] = None) -> Any:
+    """U (a^2, O, C): G g G^T for every (output, input) channel pair of w (O, C, 3, 3), as one GEMM
+    (written into ``out`` when given).
 
     One GEMM with all a^2 rows: splitting it (to hold less of U at a time) re-reads w per piece
     and was measured 1.4-2.3x slower at 512 channels.
@@ -158,7 +162,8 @@ def transform_weights(xp: Any, w: Any, tile: int) -> Any:
     _, g, _ = winograd_matrices(tile)
     o, c = w.shape[:2]
     kron = xp.asarray(np.kron(g, g), dtype=w.dtype)      # (a^2, 9): U_ab = sum_ij G_ai G_bj g_ij
-    return xp.matmul(kron, w.reshape(o * c, KERNEL * KERNEL).T).reshape(-1, o, c)
+    flat = None if out is None else out.reshape(-1, o * c)
+    return xp.matmul(kron, w.reshape(o * c, KERNEL * KERNEL).T, out=flat).reshape(-1, o, c)
 
 
 def _ones_column(at: np.ndarray) -> int:
@@ -207,18 +212,34 @@ def _phase_copies(x_width: int, pad_left: int, tile: int) -> List[Tuple[int, int
     return copies
 
 
+def scratch_layout(x_shape: Sequence[int], out_channels: int, pads: Tuple[Tuple[int, int], Tuple[int, int]],
+                   tile: int, dtype: Any) -> list:
+    """The temporaries of winograd_conv2d (cgvm.ops.scratch): the transformed weights U, the
+    phase-split input of one chunk of samples and the two band buffers."""
+    plan = _Plan(x_shape, out_channels, pads, tile, np.dtype(dtype).itemsize)
+    c = x_shape[1]
+    band = plan.band_tiles * plan.tile_floats
+    return [("u", (plan.alpha ** 2, out_channels, c), dtype),
+            ("xt", (plan.samples, plan.rows, tile, plan.cols_per_phase, c), dtype),
+            ("first", (band,), dtype), ("second", (band,), dtype)]
+
+
 def winograd_conv2d(xp: Any, x: Any, w: Any, b: Optional[Any], pads: Tuple[Tuple[int, int], Tuple[int, int]],
-                    out: Any, tile: int) -> Any:
-    """Write conv(x, w) + b into out (N, O, H', W'), C-contiguous; x (N, C, H, W), w (O, C, 3, 3), stride 1."""
+                    out: Any, tile: int, temps: Optional[dict] = None) -> Any:
+    """Write conv(x, w) + b into out (N, O, H', W'), C-contiguous; x (N, C, H, W), w (O, C, 3, 3), stride 1.
+
+    ``temps`` holds the arrays of scratch_layout (allocated here when not given)."""
     at_np, _, bt_np = winograd_matrices(tile)
     dtype = x.dtype
     n, c, height = x.shape[:3]
     o = w.shape[0]
+    if temps is None:
+        temps = take(xp, None, scratch_layout(x.shape, o, pads, tile, dtype))
     plan = _Plan(x.shape, o, pads, tile, dtype.itemsize)
     m, alpha = tile, plan.alpha
     a2 = alpha * alpha
     tw, qw = plan.tiles_w, plan.cols_per_phase
-    u = transform_weights(xp, w, tile)
+    u = transform_weights(xp, w, tile, out=temps["u"])
     bias_slot = _ones_column(at_np) * (alpha + 1)
     bt = xp.asarray(bt_np, dtype=dtype)
     at = xp.asarray(at_np, dtype=dtype)
@@ -229,10 +250,10 @@ def winograd_conv2d(xp: Any, x: Any, w: Any, b: Optional[Any], pads: Tuple[Tuple
 
     # phase-split NHWC input: xt[s, row, p, q, ch] = padded x[s, ch, row, q*m + p]; borders stay zero
     (pad_top, _), (pad_left, _) = pads
-    xt = xp.zeros((plan.samples, plan.rows, m, qw, c), dtype=dtype)
+    xt = temps["xt"]
+    xt[...] = 0
     copies = _phase_copies(x.shape[3], pad_left, m)
-    first_buf = xp.empty(plan.band_tiles * plan.tile_floats, dtype=dtype)
-    second_buf = xp.empty(plan.band_tiles * plan.tile_floats, dtype=dtype)
+    first_buf, second_buf = temps["first"], temps["second"]
     item = dtype.itemsize
     row_stride = m * qw * c * item
     sample_stride = plan.rows * row_stride

@@ -430,7 +430,12 @@ conv_bias_act = defop(
 
 
 @conv_bias_act.kernel
-def _(xp, x, w, b=None, *, act, stride, pad, dilation, groups, out=None):
-    y = cv.conv_forward(xp, x, w, b, cv.ConvGeometry(x.ndim - 2, stride, pad, dilation, groups), out)
+def _(xp, x, w, b=None, *, act, stride, pad, dilation, groups, out=None, scratch=None):
+    y = cv.conv_forward(xp, x, w, b, cv.ConvGeometry(x.ndim - 2, stride, pad, dilation, groups), out, scratch)
     return apply_activation(xp, act, y)
+
+
+@conv_bias_act.scratch
+def _(types, *, act, stride, pad, dilation, groups):
+    return cv.conv_forward_scratch(types, stride, pad, dilation, groups)
 

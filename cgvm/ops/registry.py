@@ -8,6 +8,9 @@
     @relu.grad
     def _(node, gy): ...                                # builds gradient nodes; returns one per input
 
+An op whose kernel needs temporary memory declares how much (``@conv.scratch``, see
+cgvm.ops.scratch): the memory planner then places it like a value alive during the call.
+
 Calling an OpDef builds a node: ``relu(x, negative_slope=0.1)``.
 """
 from __future__ import annotations
@@ -33,6 +36,7 @@ SHAPE_ONLY_INPUTS = {("sum_to_like", 1), ("reshape_like", 1), ("broadcast_like",
 
 KernelFn = Callable[..., Any]
 GradFn = Callable[..., Sequence[Any]]
+ScratchFn = Callable[..., int]
 
 
 class OpDef(OpSchema):
@@ -54,6 +58,7 @@ class OpDef(OpSchema):
         self._kernel: Optional[KernelFn] = None
         self._factory: Optional[Callable[..., KernelFn]] = None
         self._grad: Optional[GradFn] = None
+        self._scratch: Optional[ScratchFn] = None
 
     # -- declaration decorators ------------------------------------------------
     def kernel(self, fn: KernelFn) -> KernelFn:
@@ -71,7 +76,26 @@ class OpDef(OpSchema):
         self._grad = fn
         return fn
 
+    def scratch(self, fn: ScratchFn) -> ScratchFn:
+        """``fn(in_types, **attrs) -> bytes``, or a tuple of byte counts for alternative methods,
+        fastest first: the temporary memory the kernel takes for concrete input types.
+
+        The planner places the first alternative that fits in memory no value holds during the
+        call, and the VM passes that block to the kernel as ``scratch=`` (a uint8 array); the
+        kernel runs the first method whose temporaries fit in it (cgvm.ops.scratch), and its
+        fastest method, allocating, when it gets None.
+        """
+        self._scratch = fn
+        return fn
+
     # -- use ---------------------------------------------------------------------
+    def scratch_bytes(self, in_types: Sequence[Any], attrs: Mapping[str, Any]) -> Tuple[int, ...]:
+        """Bytes of scratch of the kernel's methods for ``in_types``, fastest first (() for none)."""
+        if self._scratch is None:
+            return ()
+        need = self._scratch(list(in_types), **attrs)
+        return tuple(need) if isinstance(need, (tuple, list)) else ((need,) if need else ())
+
     @property
     def has_grad(self) -> bool:
         return self._grad is not None

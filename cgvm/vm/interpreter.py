@@ -9,6 +9,7 @@ instruction re-raises with the program counter, its disassembly and the node's s
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..backend.threads import ensure_configured
@@ -119,17 +120,25 @@ class Executable:
                     start = plan.offsets[s]
                     views[s] = buffers[sid][start:start + t.nbytes].view(t.dtype.np).reshape(t.shape)
         scalar_outputs = [s for s in prog.output_slots if types[s].ndim == 0]
+        kernels = self._kernels_with_scratch(prog, plan, buffers)
         if self.engine == "threaded":
             recycled = self._recycled_slots(prog, types)
             # False marks outputs whose kernel cannot take a buffer in this frame: never refilled
             recycle_bin: List[Any] = [None if i in recycled.values() else False
                                       for i in range(len(self.recyclable))]
-            run, line_pc = lower(prog, self.kernels, views, self._consts, scalar_outputs,
+            run, line_pc = lower(prog, kernels, views, self._consts, scalar_outputs,
                                  self.backend.xp.asarray, self.workspace._data,
                                  lambda exc, lp: self._threaded_error(exc, lp, prog), recycled, recycle_bin)
             return Frame(run, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
-        code = self._lower_loop(prog, views)
+        code = self._lower_loop(prog, views, kernels)
         return Frame(self._loop_runner(prog, code, scalar_outputs), types, plan, buffers, code=code)
+
+    def _kernels_with_scratch(self, prog: Program, plan: Any, buffers: List[Any]) -> Dict[int, Callable]:
+        """pc -> kernel, with its planned scratch block bound as ``scratch=`` where the plan gives one."""
+        kernels = {pc: self.kernels[ins.node] for pc, ins in enumerate(prog.instrs) if ins.opcode == CALL}
+        for pc, (sid, offset, nbytes) in (plan.scratch.items() if plan is not None else ()):
+            kernels[pc] = functools.partial(kernels[pc], scratch=buffers[sid][offset:offset + nbytes])
+        return kernels
 
     def _recycled_slots(self, prog: Program, types: Sequence[TensorType]) -> Dict[int, int]:
         """Output slot -> recycle-bin index, for recyclable outputs a kernel writes into whole."""
@@ -165,7 +174,7 @@ class Executable:
         raise self._error(prog, pc, exc, regs) from exc
 
     # -- loop engine ---------------------------------------------------------------
-    def _lower_loop(self, prog: Program, views: Dict[int, Any]) -> list:
+    def _lower_loop(self, prog: Program, views: Dict[int, Any], kernels: Dict[int, Callable]) -> list:
         code = []
         for pc, ins in enumerate(prog.instrs):
             if ins.opcode == FREE:
@@ -175,7 +184,7 @@ class Executable:
                 continue
             if ins.opcode != CALL:
                 continue
-            fn = self.kernels[ins.node]
+            fn = kernels[pc]
             args, res = ins.args, ins.results
             buf = views.get(res[0]) if len(res) == 1 else None
             if len(res) == 1 and len(args) == 1:

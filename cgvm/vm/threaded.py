@@ -13,14 +13,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .bytecode import CALL, FREE, Program
 
 
-def lower(program: Program, kernels: Sequence[Callable], views: Dict[int, Any], consts: Dict[int, Any],
+def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any], consts: Dict[int, Any],
           scalar_outputs: Sequence[int], asarray: Callable, params: Any,
           on_error: Callable[[BaseException, Dict[int, int]], None],
           recycled: Optional[Dict[int, int]] = None, recycle_bin: Optional[list] = None
           ) -> Tuple[Callable, Dict[int, int]]:
     """Return ``(run, line_to_pc)``; ``run(*inputs)`` returns the tuple of output values.
 
-    ``params`` is the workspace's dict; ``run`` reads parameters from it on every call.
+    ``kernels`` maps each CALL's pc to its kernel. ``params`` is the workspace's dict; ``run`` reads parameters from it on every call.
     ``recycled`` maps an output slot to an index of ``recycle_bin``: its kernel writes into
     ``recycle_bin[index]`` (None: allocate), a buffer the caller refills between calls.
     ``on_error(exc, line_to_pc)`` is called (and raises) when an instruction fails; the
@@ -51,7 +51,7 @@ def lower(program: Program, kernels: Sequence[Callable], views: Dict[int, Any], 
             continue
         if ins.opcode != CALL:
             continue
-        env[f"k{pc}"] = kernels[ins.node]
+        env[f"k{pc}"] = kernels[pc]
         args = ", ".join(ref(s) for s in ins.args)
         res = ins.results
         if len(res) == 1 and res[0] in views:

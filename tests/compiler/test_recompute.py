@@ -226,7 +226,9 @@ def test_the_planner_keeps_caffe_net_results(path):
     args = [rng.standard_normal(v.shape).astype(np.float32) for v in graph.inputs]
     planned = cgvm.compile(graph.inputs, list(graph.outputs), workspace=net.workspace)
     unplanned = cgvm.compile(graph.inputs, list(graph.outputs), workspace=net.workspace, plan=False, inplace=False)
+    # within float32 tolerance: where Winograd's scratch does not fit in the plan, the planned
+    # program convolves by im2col (errors of a few 1e-6 of the largest value apart)
     for a, b in zip(planned(*args), unplanned(*args)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     plan = next(iter(planned.memory_plans().values()))
     assert plan.planned_bytes < plan.unplanned_bytes

@@ -1,0 +1,51 @@
+"""Kernel scratch: the temporaries a kernel needs during one call, planned as memory like values.
+
+A kernel that builds im2col columns, a padded copy or transformed weights needs memory that no
+value of the program holds. Allocated inside the kernel, it comes on top of every planned
+buffer and is faulted in afresh on each call. Instead the op declares its scratch
+(``@op.scratch``, the bytes for given input types). The memory planner gives the scratch a
+block alive during that one instruction, in memory that values freed earlier left, and the VM
+passes the block to the kernel as ``scratch=`` (MXNet's temp-space request, TVM's workspace).
+
+Both sides read one description, a ``Layout``: the temporaries' names, shapes and dtypes in
+order. ``layout_bytes`` sizes the block from it, and ``Scratch.take`` carves the block into
+arrays from it, so the size and the carving cannot disagree. Without a block (no memory plan,
+shapes unknown at planning time), or with one too small, ``take`` allocates instead.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+#: temporaries start at multiples of this many bytes (cache lines; every dtype's alignment)
+ALIGN = 64
+
+Layout = Sequence[Tuple[str, Tuple[int, ...], Any]]   # (name, shape, dtype) per temporary
+
+
+def _nbytes(shape: Sequence[int], dtype: Any) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def layout_bytes(layout: Layout) -> int:
+    """Bytes of a block that holds every temporary of ``layout``, each aligned to ALIGN."""
+    return sum(_aligned(_nbytes(shape, dtype)) for _, shape, dtype in layout)
+
+
+def take(xp: Any, block: Optional[Any], layout: Layout) -> Dict[str, Any]:
+    """The temporaries of ``layout`` by name: views of ``block`` (uint8) when it holds them all, else
+    new arrays of ``xp``. Their contents are undefined (the block held other values before)."""
+    if block is None or block.nbytes < layout_bytes(layout):
+        return {name: xp.empty(shape, dtype=dtype) for name, shape, dtype in layout}
+    arrays = {}
+    start = 0
+    for name, shape, dtype in layout:
+        n = _nbytes(shape, dtype)
+        arrays[name] = block[start:start + n].view(dtype).reshape(shape)
+        start += _aligned(n)
+    return arrays
