@@ -22,9 +22,6 @@ class Backend(ABC):
     def to_numpy(self, x: Any) -> Any:
         """A NumPy array with the same contents (a copy off the device)."""
 
-    def empty_bytes(self, nbytes: int) -> Any:
-        return self.xp.empty(max(nbytes, 1), dtype=self.xp.uint8)
-
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
 

@@ -1,7 +1,9 @@
 """Loop optimizations on scan nodes.
 
 - hoist_loop_invariants: work in a body that reads only non-sequences runs once, outside;
-  the value enters the body as a new non-sequence.
+  the value enters the body as a new non-sequence. A hoisted transpose that a GEMM in the body
+  reads enters as a contiguous copy: the copy is made once, and every step's GEMM runs on a
+  plain matrix (the backward step of an RNN, ``g @ U^T``, took 20 us instead of 8-12).
 - prune_loop_outputs: per-step outputs nobody reads are dropped from the body (so the work
   behind them goes too), and carries whose stacked history nobody reads are not stacked.
 """
@@ -11,7 +13,11 @@ from typing import Dict, List
 
 from ..ir.builder import clone_node, rebuild
 from ..ir.graph import CONST, Graph, Value, input_value
+from ..ops.shape import contiguous
 from .rewrite import rewrite
+
+#: ops whose operands are matrices a GEMM reads
+_GEMM_OPS = ("matmul", "gemm_bias_act")
 
 
 def _hoist_scan(node, inputs):
@@ -54,8 +60,10 @@ def _hoist_scan(node, inputs):
     new_body = Graph(list(body.inputs) + new_inputs, new_outs, name=body.name)
     attrs = dict(a)
     attrs["body"] = new_body
-    return clone_node(node, list(inputs[:S + C + len(outer_nonseq)]) + [outer[id(v)] for v in needed] + list(tail),
-                      attrs)
+    gemm_read = {id(v) for n in body.nodes if n.op.name in _GEMM_OPS and n not in invariant for v in n.inputs}
+    entering = [contiguous(outer[id(v)]) if id(v) in gemm_read and v.node is not None
+                and v.node.op.name == "transpose" else outer[id(v)] for v in needed]
+    return clone_node(node, list(inputs[:S + C + len(outer_nonseq)]) + entering + list(tail), attrs)
 
 
 def hoist_loop_invariants(graph: Graph) -> Graph:

@@ -27,6 +27,7 @@ from ..ir.graph import Graph, Value, input_value, toposort
 from ..ir.types import TensorType
 from . import elementwise as ew
 from . import shape as shp
+from .scratch import aligned_empty
 from .registry import INJECTIVE, OPAQUE, defop, subgraph_gradients
 
 
@@ -133,7 +134,7 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         old = spare[j]
         if old is not None and old.shape == shape and old.dtype == dtype and sys.getrefcount(old) == 2:
             return old
-        spare[j] = xp.empty(shape, dtype)
+        spare[j] = aligned_empty(xp, shape, dtype)
         return spare[j]
 
     steady = _steady_loop(n_seqs, n_carry, len(body.inputs) - n_seqs - n_carry, kept, go_backwards, has_until)

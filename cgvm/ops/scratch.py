@@ -37,6 +37,18 @@ def layout_bytes(layout: Layout) -> int:
     return sum(_aligned(_nbytes(shape, dtype)) for _, shape, dtype in layout)
 
 
+def aligned_empty(xp: Any, shape: Sequence[int], dtype: Any) -> Any:
+    """``xp.empty(shape, dtype)`` starting at a multiple of ALIGN bytes. NumPy's allocator aligns to
+    16 bytes; OpenBLAS multiplied 32x128 blocks 15-25% slower at 16- or 32-byte offsets than at 64
+    (CuPy's allocations are already aligned)."""
+    if getattr(xp, "__name__", "") != "numpy":
+        return xp.empty(shape, dtype=dtype)
+    nbytes = _nbytes(shape, dtype)
+    raw = xp.empty(nbytes + ALIGN, dtype=xp.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def take(xp: Any, block: Optional[Any], layout: Layout) -> Dict[str, Any]:
     """The temporaries of ``layout`` by name: views of ``block`` (uint8) when it holds them all, else
     new arrays of ``xp``. Their contents are undefined (the block held other values before)."""

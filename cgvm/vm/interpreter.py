@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from ..backend.threads import ensure_configured
 from ..errors import CgvmError, ExecutionError, InputError
 from ..ir.types import DType, TensorType
+from ..ops.scratch import aligned_empty
 from .bytecode import CALL, FREE, Program
 from .threaded import lower
 from .workspace import Workspace
@@ -113,7 +114,8 @@ class Executable:
         buffers: List[Any] = []
         views: Dict[int, Any] = {}
         if plan is not None:
-            buffers = [self.backend.empty_bytes(b) for b in plan.storage_bytes]
+            xp = self.backend.xp
+            buffers = [aligned_empty(xp, (max(b, 1),), xp.uint8) for b in plan.storage_bytes]
             for s, sid in enumerate(plan.storage):
                 if sid is not None and s not in plan.aliases:
                     t = types[s]
