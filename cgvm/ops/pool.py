@@ -30,6 +30,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.attrs import Bool, Ints
 from ..ir.types import TensorType, int64
+from . import pool_tiled as tiled
 from .conv import PadPairs, crop_padding, pad_pairs, spatial_values
 from .registry import OPAQUE, REDUCE, defop
 from .rules import Dim, dims_agree, require_float
@@ -140,57 +141,6 @@ def _store(result: Any, out: Optional[Any]) -> Any:
     return out
 
 
-def _tiles(geo: PoolGeometry, in_sizes: Sequence[int]) -> bool:
-    """Whether the windows tile the input (stride = kernel, no padding, and no partial last window).
-
-    Then every window element is one strided view of x (cropped to the tiled part in floor mode)
-    and the gradient is written view by view, with no col2im accumulation: ~4x faster than the
-    general path for the common 2x2/2 pooling.
-    """
-    return (not any(b or e for b, e in geo.pads) and tuple(geo.stride) == tuple(geo.kernel)
-            and all(n % k == 0 or not geo.ceil_mode for n, k in zip(in_sizes, geo.kernel)))
-
-
-def _tiled_grad(xp: Any, x: Any, g: Any, geo: PoolGeometry, out: Optional[Any], pooled: Optional[Any] = None) -> Any:
-    """max_pool_grad for tiled windows: g to each window's first maximum, in row-major window order;
-    ``pooled`` (the forward's output, when given) are the window maxima.
-
-    (NumPy reductions over small strided axes are slow: the maximum and the first-hit mask are
-    built from elementwise passes over the per-offset views instead.)
-    """
-    out_sizes = tuple(n // k for n, k in zip(x.shape[2:], geo.kernel))
-    tiled = (slice(None), slice(None)) + tuple(slice(0, o * k) for o, k in zip(out_sizes, geo.kernel))
-    split = tuple(x.shape[:2]) + tuple(d for o, k in zip(out_sizes, geo.kernel) for d in (o, k))
-
-    def at(a: Any, kk: Sequence[int]) -> Any:
-        return a[(slice(None), slice(None)) + tuple(i for k in kk for i in (slice(None), k))]
-
-    exact = all(o * k == n for o, k, n in zip(out_sizes, geo.kernel, x.shape[2:]))
-    xr = (x if exact else x[tiled]).reshape(split)
-    offsets = geo.offsets()
-    if pooled is not None:
-        best = pooled
-    else:
-        best = at(xr, offsets[0]).copy()
-        for kk in offsets[1:]:
-            xp.maximum(best, at(xr, kk), out=best)
-    if out is None:
-        out = xp.empty(x.shape, dtype=g.dtype) if exact else xp.zeros(x.shape, dtype=g.dtype)
-    elif not exact:
-        out[...] = 0
-    result = (out if exact else out[tiled]).reshape(split)  # a view: tiled parts of out are contiguous runs
-    taken = xp.equal(at(xr, offsets[0]), best)
-    xp.multiply(taken, g, out=at(result, offsets[0]))
-    hit = xp.empty(best.shape, dtype=bool)
-    for i, kk in enumerate(offsets[1:], 2):
-        xp.equal(at(xr, kk), best, out=hit)
-        xp.greater(hit, taken, out=hit)   # a maximum here, and none at an earlier offset
-        xp.multiply(hit, g, out=at(result, kk))
-        if i < len(offsets):
-            xp.logical_or(taken, hit, out=taken)
-    return out
-
-
 def _window_argmax(xp: Any, x: Any, geo: PoolGeometry) -> Tuple[Any, Any, Tuple[int, ...]]:
     """(max, offset index of the first max in row-major window order, output sizes)."""
     out_sizes = geo.out_sizes(x.shape[2:])
@@ -233,6 +183,8 @@ def _separable_pool(xp: Any, x: Any, geo: PoolGeometry, out_sizes: Tuple[int, ..
     2x2 or 1-D windows all offsets at once is no more work.
     """
     in_sizes = tuple(x.shape[2:])
+    if tiled.tiles_exactly(geo, in_sizes):
+        return tiled.pool_2d(xp, x, geo, target, combine)
     planes = x.reshape((-1,) + in_sizes)
     result = target if target.flags.c_contiguous else xp.empty(target.shape, dtype=target.dtype)
     flat_out = result.reshape((-1,) + out_sizes)
@@ -364,8 +316,10 @@ max_pool_grad = defop("max_pool_grad", num_inputs=(2, 3), pattern=OPAQUE, attrs=
 @max_pool_grad.kernel
 def _(xp, x, g, y=None, *, kernel, stride, pad, ceil_mode, out=None):
     geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
-    if _tiles(geo, x.shape[2:]):
-        return _tiled_grad(xp, x, g, geo, out, y)
+    if tiled.tiles_exactly(geo, x.shape[2:]) and tuple(geo.kernel) == (2, 2):
+        return tiled.max_grad_2x2(xp, x, g, y, out)
+    if tiled.tiles(geo, x.shape[2:]):
+        return tiled.max_grad(xp, x, g, geo, out, y)
     _, index, _ = _window_argmax(xp, x, geo)
     zero = xp.zeros((), dtype=g.dtype)
 

@@ -371,3 +371,42 @@ def test_pooling_in_plane_chunks_matches_the_whole(monkeypatch, kernel, stride, 
     monkeypatch.setattr(P, "POOL_CHUNK_BYTES", x[0, 0].nbytes * 4)   # 4 planes a chunk: 15 = 4+4+4+3
     np.testing.assert_allclose(mx(x), want_max, rtol=1e-12)
     np.testing.assert_allclose(av(x), want_avg, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", [(2, 2), (3, 3), (2, 3), (1, 2), (3, 1)])
+def test_windows_tiling_the_input_pool_columns_then_rows(monkeypatch, kernel):
+    """Exactly tiled 2-D windows take pool_tiled's layout (columns first, in row chunks); max and
+    average must match Caffe's loops, across chunk boundaries, ties (ReLU zeros) included."""
+    from cgvm.ops import pool_tiled
+
+    monkeypatch.setattr(pool_tiled, "CHUNK_BYTES", 200)
+    x = np.maximum(r(2, 3, 6 * kernel[0], 4 * kernel[1]), 0)
+    calls = []
+    real = pool_tiled.pool_2d
+    monkeypatch.setattr(pool_tiled, "pool_2d", lambda *a: calls.append(1) or real(*a))
+    attrs = dict(kernel=kernel, stride=kernel, pad=(0,), ceil_mode=False)
+    got = P.max_pool.bind(np, dict(attrs, return_mask=False))(x)
+    np.testing.assert_array_equal(got, ref_pool(x, kernel)[0])
+    got = P.avg_pool.bind(np, dict(attrs, count_include_pad=True))(x)
+    np.testing.assert_allclose(got, ref_pool(x, kernel, mode="avg"), rtol=1e-6)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_two_by_two_gradient_in_two_stages_routes_to_the_first_maximum(pooled):
+    """max_grad_2x2 (columns, then rows) against Caffe's routing, ties included, into a
+    non-contiguous output buffer too."""
+    from cgvm.ops import pool_tiled
+
+    x = np.maximum(r(3, 4, 8, 10), 0.5)                         # many tied 0.5s
+    x[0, 0, :2, :2] = [[1.0, 2.0], [2.0, 1.0]]                 # tie across rows: the top one wins
+    g = r(3, 4, 4, 5)
+    y = P.max_pool.bind(np, dict(kernel=(2, 2), stride=(2, 2), pad=(0,), ceil_mode=False, return_mask=False))(x)
+    want = ref_max_pool_grad(x, g, kernel=(2, 2))
+    geo = P.PoolGeometry(2, (2, 2), None, (0,), False)
+    assert pool_tiled.tiles_exactly(geo, x.shape[2:])
+    np.testing.assert_array_equal(pool_tiled.max_grad_2x2(np, x, g, y if pooled else None, None), want)
+    out = np.zeros((10, 8, 4, 3), np.float32).transpose(3, 2, 1, 0)     # shaped like x, not contiguous
+    assert pool_tiled.max_grad_2x2(np, x, g, y if pooled else None, out) is out
+    np.testing.assert_array_equal(out, want)
+    assert want[0, 0, 0, 1] == g[0, 0, 0, 0] and want[0, 0, 1, 0] == 0
