@@ -13,7 +13,7 @@ from cgvm.ir import Graph, TensorType, input_value, param_value
 from cgvm.ops import conv as CV
 from cgvm.ops import conv_winograd as WG
 from cgvm.ops import elementwise as E
-from cgvm.ops.scratch import ALIGN, layout_bytes, take
+from cgvm.ops.scratch import ALIGN, aligned_empty, layout_bytes, take
 
 rng = np.random.default_rng(5)
 
@@ -58,6 +58,18 @@ def test_take_allocates_without_a_block_or_with_one_too_small():
     for block in (None, np.empty(399, np.uint8)):
         a = take(np, block, layout)["a"]
         assert a.shape == (100,) and (block is None or not np.shares_memory(a, block))
+
+
+def test_aligned_empty_and_the_planned_buffers_start_at_cache_lines():
+    for shape, dtype in (((3, 7), np.float32), ((5,), np.float64), ((2, 3, 4), np.int8)):
+        for _ in range(8):    # NumPy's own allocations land on 16-byte boundaries
+            a = aligned_empty(np, shape, dtype)
+            assert a.shape == shape and a.dtype == dtype and a.ctypes.data % ALIGN == 0
+    graph, ws = _conv_chain(size=16)
+    fn = cgvm.compile(graph.inputs, graph.outputs[0], workspace=ws)
+    fn(np.ones((8, 32, 16, 16), np.float32))
+    buffers = next(iter(fn.executable.frames.values())).buffers
+    assert buffers and all(b.ctypes.data % ALIGN == 0 for b in buffers)
 
 
 # ----------------------------------------------------------------------------- conv's methods
