@@ -288,7 +288,7 @@ def _lifetimes(program: Program, types: Sequence[TensorType], inplace: bool) -> 
                     block_uses[b] += uses[r]
                     aliases.add(r)
                 continue
-            if len(ins.results) > 1 or not op.writes_out or not t.is_concrete or t.nbytes == 0:
+            if (len(ins.results) > 1 and not op.multi_out) or not op.writes_out or not t.is_concrete or t.nbytes == 0:
                 dynamic += 1
                 continue
             nbytes = t.nbytes

@@ -7,7 +7,7 @@ rule built from ordinary ops, so both can be differentiated to any order.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from ..errors import DTypeError, ShapeError
 from ..ir.attrs import Bool, Float, Int, Str
@@ -97,14 +97,15 @@ lrn = defop("lrn", pattern=OPAQUE, infer=_lrn_infer, inplace=((0, 0),), attrs=_L
                 "an n x n window) within a channel (k unused there).")
 
 
-#: LRN works on this many bytes of samples at a time: its temporaries (x², window sums) stay
-#: cache-sized instead of two copies of a whole activation (AlexNet's norm1: 2 x 18 MiB)
-LRN_CHUNK_BYTES = 1 << 20
+#: LRN and batch norm work on this many bytes of samples at a time: their temporaries (x², window
+#: sums, normalized inputs) stay cache-sized instead of whole activations (AlexNet's norm1: 2 x 18
+#: MiB; ResNet-18's first batch norm gradient: 2 x 49 MiB)
+CHUNK_BYTES = 1 << 20
 
 
 def _sample_chunks(x) -> list:
     per_sample = max(1, x.nbytes // max(x.shape[0], 1))
-    step = max(1, LRN_CHUNK_BYTES // per_sample)
+    step = max(1, CHUNK_BYTES // per_sample)
     return [slice(i, i + step) for i in range(0, x.shape[0], step)]
 
 
@@ -224,34 +225,59 @@ def _bn_infer(types, eps, training, axis):
 
 batch_norm = defop(
     "batch_norm", num_inputs=(3, 5), num_outputs=lambda attrs, n: 3 if attrs["training"] else 1,
-    pattern=OPAQUE, infer=_bn_infer, inplace=((0, 0),), attrs=_BN_ATTRS,
+    pattern=OPAQUE, infer=_bn_infer, inplace=((0, 0),), attrs=_BN_ATTRS, multi_out=True,
     doc="batch_norm(x, mean, var[, scale[, bias]]): (x - mean) / sqrt(var + eps) * scale + bias per channel "
         "of `axis`. training=False uses the given mean/var and returns y; training=True ignores them, "
         "normalizes with the batch statistics and returns (y, batch_mean, batch_var), batch_var biased.")
+
+
+def _bn_parts(x: Any, a: int) -> list:
+    """Slices of the samples for the chunked passes (the whole when axis 0 is the channel axis)."""
+    return _sample_chunks(x) if a != 0 else [slice(None)]
+
+
+def _outputs(out: Any, n: int) -> tuple:
+    """A multi_out kernel's ``out``: a buffer or None per output."""
+    return tuple(out) if out is not None else (None,) * n
+
+
+def _put(xp: Any, buf: Any, value: Any) -> Any:
+    if buf is None:
+        return value
+    buf[...] = value
+    return buf
 
 
 @batch_norm.kernel
 def _(xp, x, mean, var, scale=None, bias=None, *, eps, training, axis, out=None):
     axes, a = _bn_axes(x.ndim, axis)
     bshape = tuple(x.shape[a] if i == a else 1 for i in range(x.ndim))
-    if training:
-        mean = xp.mean(x, axis=axes)
-        centred = x - mean.reshape(bshape)
-        var = xp.mean(xp.square(centred), axis=axes)
+    if not training:
+        gain = xp.reciprocal(xp.sqrt(var + eps))
+        if scale is not None:
+            gain *= scale
+        shift = -mean * gain
+        if bias is not None:
+            shift += bias
+        y = xp.multiply(x, gain.reshape(bshape), out=out)
+        y += shift.reshape(bshape)
+        return y
+    y_out, mean_out, var_out = _outputs(out, 3)
+    y = xp.empty_like(x) if y_out is None else y_out
+    count = x.size // max(x.shape[a], 1)
+    mean = xp.mean(x, axis=axes)
+    xp.subtract(x, mean.reshape(bshape), out=y)          # centred, normalized in place below
+    squares = xp.zeros_like(mean)
+    for part in _bn_parts(x, a):
+        squares += xp.sum(xp.square(y[part]), axis=axes)
+    var = squares / count
     gain = xp.reciprocal(xp.sqrt(var + eps))
     if scale is not None:
         gain *= scale
-    if training:
-        centred *= gain.reshape(bshape)
-        if bias is not None:
-            centred += bias.reshape(bshape)
-        return centred, mean, var
-    shift = -mean * gain
+    y *= gain.reshape(bshape)
     if bias is not None:
-        shift += bias
-    y = xp.multiply(x, gain.reshape(bshape), out=out)
-    y += shift.reshape(bshape)
-    return y
+        y += bias.reshape(bshape)
+    return y, _put(xp, mean_out, mean), _put(xp, var_out, var)
 
 
 def _per_channel(v: Value, ndim: int, a: int) -> Value:
@@ -307,27 +333,42 @@ def _bn_grad_infer(types, eps, axis):
 
 batch_norm_grad = defop(
     "batch_norm_grad", num_inputs=(4, 5), num_outputs=3, pattern=OPAQUE, infer=_bn_grad_infer,
-    attrs={"eps": Float(1e-5), "axis": Int(1)},
+    attrs={"eps": Float(1e-5), "axis": Int(1)}, multi_out=True,
     doc="batch_norm_grad(gy, x, batch_mean, batch_var[, scale]) -> (dx, dscale, dbias): the training-mode "
         "backward pass of batch_norm, through the batch statistics.")
 
 
 @batch_norm_grad.kernel
-def _(xp, gy, x, mean, var, scale=None, *, eps, axis):
+def _(xp, gy, x, mean, var, scale=None, *, eps, axis, out=None):
+    # dx = scale r (gy - mean(gy) - xhat mean(gy xhat)) with r = (var + eps)^-1/2, xhat = (x - mean) r;
+    # xhat is made a chunk of samples at a time, twice, instead of kept whole
     axes, a = _bn_axes(x.ndim, axis)
     bshape = tuple(x.shape[a] if i == a else 1 for i in range(x.ndim))
     count = x.size // max(x.shape[a], 1)
+    dx_out, dscale_out, dbias_out = _outputs(out, 3)
     inv_std = xp.reciprocal(xp.sqrt(var + eps))
-    xhat = x - mean.reshape(bshape)
-    xhat *= inv_std.reshape(bshape)
+    centre, r = mean.reshape(bshape), inv_std.reshape(bshape)
+    parts = _bn_parts(x, a)
     dbias = xp.sum(gy, axis=axes)
-    dscale = xp.sum(gy * xhat, axis=axes)
-    # dx = scale r (gy - mean(gy) - xhat mean(gy xhat))
-    xhat *= (dscale / count).reshape(bshape)
-    dx = gy - (dbias / count).reshape(bshape)
-    dx -= xhat
-    dx *= (inv_std if scale is None else inv_std * scale).reshape(bshape)
-    return dx, dscale, dbias
+    dscale = xp.zeros_like(dbias)
+    for part in parts:
+        xhat = xp.subtract(x[part], centre)
+        xhat *= r
+        xhat *= gy[part]
+        dscale += xp.sum(xhat, axis=axes)
+    dx = xp.empty_like(x) if dx_out is None else dx_out
+    mean_gy = (dbias / count).reshape(bshape)
+    mean_gy_xhat = (dscale / count).reshape(bshape)
+    gain = (inv_std if scale is None else inv_std * scale).reshape(bshape)
+    for part in parts:
+        xhat = xp.subtract(x[part], centre)
+        xhat *= r
+        xhat *= mean_gy_xhat
+        d = dx[part]
+        xp.subtract(gy[part], mean_gy, out=d)
+        d -= xhat
+        d *= gain
+    return dx, _put(xp, dscale_out, dscale), _put(xp, dbias_out, dbias)
 
 
 @batch_norm_grad.grad

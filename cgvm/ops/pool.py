@@ -320,10 +320,51 @@ def _(xp, x, g, y=None, *, kernel, stride, pad, ceil_mode, out=None):
         return tiled.max_grad_2x2(xp, x, g, y, out)
     if tiled.tiles(geo, x.shape[2:]):
         return tiled.max_grad(xp, x, g, geo, out, y)
-    _, index, _ = _window_argmax(xp, x, geo)
-    zero = xp.zeros((), dtype=g.dtype)
+    return _chunked_max_grad(xp, x, g, y, geo, out)
 
-    return _scatter_windows(xp, lambda i: xp.where(index == i, g, zero), g.dtype, x.shape, geo, out)
+
+def _chunked_max_grad(xp: Any, x: Any, g: Any, y: Optional[Any], geo: PoolGeometry, out: Optional[Any]) -> Any:
+    """max_pool_grad for any windows: a chunk of (sample, channel) planes at a time, g goes to each
+    window's first maximum, offset by offset in row-major order over windows clipped to the input
+    (a hit is an element equal to the window's maximum where no earlier offset hit). Temporaries
+    are pooled-size chunks: ResNet-18's stem pooling gradient allocated 94 MiB with whole-batch
+    argmax indices and a padded accumulator."""
+    in_sizes, out_sizes = tuple(x.shape[2:]), tuple(g.shape[2:])
+    planes_x = x.reshape((-1,) + in_sizes)
+    planes_g = g.reshape((-1,) + out_sizes)
+    target = out if out is not None and out.flags.c_contiguous else xp.empty(x.shape, dtype=g.dtype)
+    planes_dx = target.reshape((-1,) + in_sizes)
+    axes = [geo.clipped_axis(d, in_sizes[d], out_sizes[d]) for d in range(len(in_sizes))]
+    pairs = [tuple(zip(*combo)) for combo in itertools.product(*axes)]     # (output slices, input slices)
+    step = max(1, POOL_CHUNK_BYTES // max(1, planes_x[0].nbytes if planes_x.shape[0] else 1))
+    lead = (slice(None),)
+    for p0 in range(0, planes_x.shape[0], step):
+        xc, gc, dc = planes_x[p0:p0 + step], planes_g[p0:p0 + step], planes_dx[p0:p0 + step]
+        m = xc.shape[0]
+        if y is not None:
+            best = y.reshape((-1,) + out_sizes)[p0:p0 + step]
+        else:
+            best = xp.empty((m,) + out_sizes, dtype=x.dtype)
+            _separable_pool(xp, xc.reshape((m, 1) + in_sizes), geo, out_sizes, best.reshape((m, 1) + out_sizes),
+                            _lowest(x.dtype), xp.maximum)
+        dc[...] = 0
+        taken = xp.zeros(best.shape, dtype=bool)
+        hit = xp.empty(best.shape, dtype=bool)
+        part = xp.empty(best.shape, dtype=g.dtype)
+        for out_sl, in_sl in pairs:
+            at_out, at_in = lead + out_sl, lead + in_sl
+            h, t = hit[at_out], taken[at_out]
+            xp.equal(xc[at_in], best[at_out], out=h)
+            xp.greater(h, t, out=h)               # a maximum here, and none at an earlier offset
+            xp.logical_or(t, h, out=t)
+            contribution = part[at_out]
+            xp.multiply(h, gc[at_out], out=contribution)
+            view = dc[at_in]
+            xp.add(view, contribution, out=view)
+    if out is not None and target is not out:
+        out[...] = target
+        return out
+    return target
 
 
 @max_pool_grad.grad

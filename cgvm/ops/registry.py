@@ -45,7 +45,7 @@ class OpDef(OpSchema):
     def __init__(self, name: str, *, pattern: str = OPAQUE, inplace: Tuple[Tuple[int, int], ...] = (),
                  view: bool = False, writes_out: Optional[bool] = None, differentiable: bool = True,
                  ufunc: Optional[str] = None, stateful: bool = False, needs_runtime: bool = False,
-                 **schema: Any):
+                 multi_out: bool = False, **schema: Any):
         super().__init__(name, **schema)
         self.pattern = pattern
         self.inplace = tuple(inplace)
@@ -55,6 +55,9 @@ class OpDef(OpSchema):
         self.differentiable = differentiable
         self.stateful = stateful          # never folded or merged by CSE (random ops)
         self.needs_runtime = needs_runtime  # control flow: its factory gets a Runtime to run sub-graphs
+        # several outputs, and the kernel takes ``out`` as a tuple (a buffer or None per output),
+        # writing each given buffer whole: the planner plans each output
+        self.multi_out = multi_out
         self._kernel: Optional[KernelFn] = None
         self._factory: Optional[Callable[..., KernelFn]] = None
         self._grad: Optional[GradFn] = None

@@ -189,6 +189,8 @@ class Executable:
             fn = kernels[pc]
             args, res = ins.args, ins.results
             buf = views.get(res[0]) if len(res) == 1 else None
+            if len(res) > 1 and prog.nodes[ins.node].op.multi_out and any(r in views for r in res):
+                buf = tuple(views.get(r) for r in res)
             if len(res) == 1 and len(args) == 1:
                 code.append((_U, fn, args[0], None, res[0], pc) if buf is None else (_UO, fn, args[0], buf, res[0], pc))
             elif len(res) == 1 and len(args) == 2:

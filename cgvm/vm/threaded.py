@@ -59,6 +59,12 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
             call = f"k{pc}({args}, out=v{res[0]})" if args else f"k{pc}(out=v{res[0]})"
         elif len(res) == 1 and res[0] in recycled and args:
             call = f"k{pc}({args}, out=_bin[{recycled[res[0]]}])"
+        elif len(res) > 1 and program.nodes[ins.node].op.multi_out and any(r in views for r in res):
+            for r in res:
+                if r in views:
+                    env[f"v{r}"] = views[r]
+            outs = ", ".join(f"v{r}" if r in views else "None" for r in res)
+            call = f"k{pc}({args}, out=({outs},))"
         else:
             call = f"k{pc}({args})"
         target = f"s{res[0]}" if len(res) == 1 else ", ".join(f"s{s}" for s in res)

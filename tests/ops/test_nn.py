@@ -5,7 +5,7 @@ import pytest
 
 import cgvm
 from cgvm.errors import GraphBuildError, ShapeError
-from cgvm.ir import TensorType, input_value
+from cgvm.ir import TensorType, const_value, input_value
 from cgvm.ops import elementwise as E
 from cgvm.ops import nn
 from cgvm.ops import reduce as R
@@ -428,7 +428,41 @@ def test_lrn_in_sample_chunks_matches_the_whole_batch(monkeypatch, region):
     fwd = nn_norm.lrn.bind(np, attrs)
     bwd = nn_norm.lrn_grad.bind(np, attrs)
     whole_y, whole_dx = fwd(x), bwd(g, x)
-    monkeypatch.setattr(nn_norm, "LRN_CHUNK_BYTES", x[0].nbytes * 2)   # chunks of 2 samples (and a last of 1)
+    monkeypatch.setattr(nn_norm, "CHUNK_BYTES", x[0].nbytes * 2)   # chunks of 2 samples (and a last of 1)
     assert len(nn_norm._sample_chunks(x)) == 4
     np.testing.assert_allclose(fwd(x), whole_y, rtol=1e-14)
     np.testing.assert_allclose(bwd(g, x), whole_dx, rtol=1e-14)
+
+
+@pytest.mark.parametrize("engine", ["threaded", "loop"])
+def test_batch_norm_training_step_in_planned_buffers_and_sample_chunks_matches_torch(monkeypatch, engine):
+    """batch_norm and batch_norm_grad write their outputs into planned buffers (multi_out) and work a
+    few samples at a time; y, the batch statistics and the gradients must match PyTorch's."""
+    torch = pytest.importorskip("torch")
+    from cgvm.ops import nn_norm
+
+    rng = np.random.default_rng(4)
+    x, g = rng.standard_normal((7, 3, 5, 4)), rng.standard_normal((7, 3, 5, 4))
+    scale, bias = rng.standard_normal(3) + 1.0, rng.standard_normal(3)
+    monkeypatch.setattr(nn_norm, "CHUNK_BYTES", x[0].nbytes * 2)     # chunks of 2 samples (and a last of 1)
+    assert len(nn_norm._bn_parts(x, 1)) == 4
+    xs = [input_value(TensorType(a.shape, "float64"), n) for a, n in ((x, "x"), (g, "g"), (scale, "s"), (bias, "b"))]
+    zeros = const_value(np.zeros(3)), const_value(np.ones(3))
+    y, bmean, bvar = nn.batch_norm(E.tanh(xs[0]), *zeros, xs[2], xs[3], training=True)
+    loss = R.sum(E.mul(E.tanh(y), xs[1]))
+    f = cgvm.compile(xs, [y, bmean, bvar] + cgvm.grad(loss, [xs[0], xs[2], xs[3]]), engine=engine)
+    got = f(x, g, scale, bias)
+    plan = next(iter(f.memory_plans().values()))
+    from cgvm.vm.bytecode import CALL
+
+    bn_nodes = [i for i in f.program.instrs if i.opcode == CALL and f.program.nodes[i.node].op.name.startswith("batch_norm")]
+    assert {f.program.nodes[i.node].op.name for i in bn_nodes} == {"batch_norm", "batch_norm_grad"}
+    grad_ins = next(i for i in bn_nodes if f.program.nodes[i.node].op.name == "batch_norm_grad")
+    assert plan.storage[grad_ins.results[0]] is not None          # dx planned, not allocated by the kernel
+    tx, ts, tb = (torch.tensor(a, requires_grad=True) for a in (x, scale, bias))
+    ty = torch.nn.functional.batch_norm(torch.tanh(tx), None, None, ts, tb, training=True, eps=1e-5)
+    (torch.tanh(ty) * torch.tensor(g)).sum().backward()
+    th = torch.tanh(tx).detach()
+    want = [ty.detach(), th.mean(dim=(0, 2, 3)), th.var(dim=(0, 2, 3), unbiased=False), tx.grad, ts.grad, tb.grad]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b.numpy(), rtol=1e-10, atol=1e-12)

@@ -410,3 +410,18 @@ def test_two_by_two_gradient_in_two_stages_routes_to_the_first_maximum(pooled):
     assert pool_tiled.max_grad_2x2(np, x, g, y if pooled else None, out) is out
     np.testing.assert_array_equal(out, want)
     assert want[0, 0, 0, 1] == g[0, 0, 0, 0] and want[0, 0, 1, 0] == 0
+
+
+@pytest.mark.parametrize("kernel,stride,pad,ceil", [((3, 3), (2, 2), (1, 1), False), ((3, 2), (1, 2), (1, 0), True),
+                                                     ((2, 2), (1, 1), (0, 0), False)])
+@pytest.mark.parametrize("pooled", [True, False])
+def test_overlapping_max_pool_gradient_in_plane_chunks_matches_caffe(monkeypatch, kernel, stride, pad, ceil, pooled):
+    """The general gradient (overlapping, padded, ceil-mode windows) goes a few planes at a time;
+    each g must reach its window's first maximum (ReLU ties included), summed where windows overlap."""
+    monkeypatch.setattr(P, "POOL_CHUNK_BYTES", 7 * 9 * 4 * 3)       # chunks of 3 planes of a 7x9 input
+    x = np.maximum(r(2, 5, 7, 9), 0)
+    attrs = dict(kernel=kernel, stride=stride, pad=pad, ceil_mode=ceil)
+    y = P.max_pool.bind(np, dict(attrs, return_mask=False))(x)
+    g = r(*y.shape)
+    got = P.max_pool_grad.bind(np, attrs)(x, g, *([y] if pooled else []))
+    np.testing.assert_allclose(got, ref_max_pool_grad(x, g, **attrs), rtol=1e-6, atol=1e-6)
