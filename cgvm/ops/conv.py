@@ -113,16 +113,6 @@ class ConvGeometry:
         return result
 
 
-def pad_input(xp: Any, x: Any, pads: PadPairs) -> Any:
-    """``x`` with its spatial axes zero-padded by ``pads`` (x itself when there is no padding)."""
-    if not any(b or e for b, e in pads):
-        return x
-    shape = x.shape[:2] + tuple(n + b + e for n, (b, e) in zip(x.shape[2:], pads))
-    buf = xp.zeros(shape, dtype=x.dtype)
-    buf[(slice(None), slice(None)) + tuple(slice(b, b + n) for n, (b, _) in zip(x.shape[2:], pads))] = x
-    return buf
-
-
 def crop_padding(acc: Any, pads: PadPairs, in_sizes: Sequence[int]) -> Any:
     """The unpadded interior of a padded buffer (a view)."""
     return acc[(slice(None), slice(None)) + tuple(slice(b, b + n) for n, (b, _) in zip(in_sizes, pads))]
@@ -285,87 +275,148 @@ def conv_forward_scratch(types: Sequence[TensorType], stride: Sequence[int], pad
                  for m in forward_methods(x.shape, w.shape, x.dtype.np, geo))
 
 
+def _padded_sizes(sizes: Sequence[int], geo: ConvGeometry) -> Tuple[int, ...]:
+    return tuple(n + b + e for n, (b, e) in zip(sizes, geo.pads))
+
+
+def _has_padding(geo: ConvGeometry) -> bool:
+    return any(b or e for b, e in geo.pads)
+
+
+def backward_input_layout(g_shape: Sequence[int], w_shape: Sequence[int], in_sizes: Sequence[int], dtype: Any,
+                          geo: ConvGeometry) -> Layout:
+    """The temporaries of conv_backward_input's im2col path (none for the others): the columns and
+    the padded accumulator of one chunk of samples."""
+    n, o = g_shape[:2]
+    cg, ksize, out_sizes = w_shape[1], tuple(w_shape[2:]), tuple(g_shape[2:])
+    if (batch_last.batch_last_pays((n, cg * geo.groups) + tuple(in_sizes), out_sizes, "input")
+            or (_is_pointwise(ksize, geo) and tuple(in_sizes) == out_sizes)):
+        return []
+    rows = geo.groups * _prod(ksize) * cg
+    chunk = sample_chunks(n, rows * _prod(out_sizes) * np.dtype(dtype).itemsize)[0][1]
+    layout: Layout = [("cols", (chunk * rows * _prod(out_sizes),), dtype)]
+    if _has_padding(geo):
+        layout.append(("acc", (chunk, cg * geo.groups) + _padded_sizes(in_sizes, geo), dtype))
+    return layout
+
+
 def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: ConvGeometry,
-                        out: Optional[Any] = None) -> Any:
-    """dx for y = conv(x, w): per chunk of samples, GEMM to columns, then col2im as strided slice additions."""
-    if batch_last.batch_last_pays((g.shape[0], w.shape[1] * geo.groups) + tuple(in_sizes), g.shape[2:], "input"):
-        target = out if out is not None and out.flags.c_contiguous else \
-            xp.empty((g.shape[0], w.shape[1] * geo.groups) + tuple(in_sizes), dtype=g.dtype)
-        batch_last.backward_input(xp, g, w, in_sizes, geo, target)
-        return target if out is None or target is out else _store(xp, target, out)
+                        out: Optional[Any] = None, scratch: Optional[Any] = None) -> Any:
+    """dx for y = conv(x, w): per chunk of samples, GEMM to columns, then col2im as strided slice
+    additions into the chunk's (padded) accumulator; temporaries from ``scratch`` when given."""
     n, o = g.shape[:2]
+    in_sizes = tuple(in_sizes)
+    shape = (n, w.shape[1] * geo.groups) + in_sizes
+    target = out if out is not None and out.flags.c_contiguous else xp.empty(shape, dtype=g.dtype)
     out_sizes = tuple(g.shape[2:])
     cg = w.shape[1]
     ksize = tuple(w.shape[2:])
     groups = geo.groups
     og = o // groups
     length = _prod(out_sizes)
-    in_sizes = tuple(in_sizes)
-    shape = (n, cg * groups) + in_sizes
-    gmat = xp.ascontiguousarray(g).reshape(n, groups, og, length)
-    if _is_pointwise(ksize, geo) and in_sizes == out_sizes:
-        wmat_t = w.reshape(groups, og, cg).transpose(0, 2, 1)
-        if out is not None and out.flags.c_contiguous:
-            xp.matmul(wmat_t, gmat, out=out.reshape(n, groups, cg, length))
-            return out
-        return xp.matmul(wmat_t, gmat).reshape(shape)
-    kcount = _prod(ksize)
-    # columns ordered (sample, group, kernel offset, C/g, L): each offset's block is contiguous for col2im
-    wmat_t = w.reshape(groups, og, cg, kcount).transpose(0, 3, 2, 1).reshape(groups, kcount * cg, og)
-    no_pad = not any(b or e for b, e in geo.pads)
-    if no_pad and out is not None and out.flags.c_contiguous:
-        acc = out
-        acc[...] = 0
+    if batch_last.batch_last_pays(shape, out_sizes, "input"):
+        batch_last.backward_input(xp, g, w, in_sizes, geo, target)
+    elif _is_pointwise(ksize, geo) and in_sizes == out_sizes:
+        gmat = xp.ascontiguousarray(g).reshape(n, groups, og, length)
+        xp.matmul(w.reshape(groups, og, cg).transpose(0, 2, 1), gmat, out=target.reshape(n, groups, cg, length))
     else:
-        acc = xp.zeros(shape[:2] + tuple(s + b + e for s, (b, e) in zip(in_sizes, geo.pads)), dtype=g.dtype)
-    grouped = acc.reshape((n, groups, cg) + acc.shape[2:])
-    offsets = geo.offset_slices(ksize, out_sizes)
-    for start, stop in sample_chunks(n, groups * kcount * cg * length * g.dtype.itemsize):
-        if og == 1:  # depthwise-like: an outer product, which a GEMM with inner size 1 does slowly
-            cols = wmat_t * gmat[start:stop]
-        else:
-            cols = _grouped_matmul(xp, wmat_t, gmat[start:stop])
-        cols = cols.reshape((stop - start, groups, kcount, cg) + out_sizes)
-        for i, (_, sl) in enumerate(offsets):
-            view = grouped[(slice(start, stop),) + sl]
-            xp.add(view, cols[:, :, i], out=view)
-    if acc is out:
-        return out
-    result = acc if no_pad else crop_padding(acc, geo.pads, in_sizes)
-    return _store(xp, result, out) if out is not None else xp.ascontiguousarray(result)
+        temps = take(xp, scratch, backward_input_layout(g.shape, w.shape, in_sizes, g.dtype, geo))
+        gmat = xp.ascontiguousarray(g).reshape(n, groups, og, length)
+        kcount = _prod(ksize)
+        # columns ordered (sample, group, kernel offset, C/g, L): each offset's block is contiguous for col2im
+        wmat_t = w.reshape(groups, og, cg, kcount).transpose(0, 3, 2, 1).reshape(groups, kcount * cg, og)
+        offsets = geo.offset_slices(ksize, out_sizes)
+        padded = _has_padding(geo)
+        for start, stop in sample_chunks(n, groups * kcount * cg * length * g.dtype.itemsize):
+            m = stop - start
+            cols = temps["cols"][:m * groups * kcount * cg * length].reshape(m, groups, kcount * cg, length)
+            if og == 1:  # depthwise-like: an outer product, which a GEMM with inner size 1 does slowly
+                xp.multiply(wmat_t, gmat[start:stop], out=cols)
+            else:
+                _grouped_matmul(xp, wmat_t, gmat[start:stop], out=cols)
+            cols = cols.reshape((m, groups, kcount, cg) + out_sizes)
+            acc = temps["acc"][:m] if padded else target[start:stop]
+            acc[...] = 0
+            grouped = acc.reshape((m, groups, cg) + acc.shape[2:])
+            for i, (_, sl) in enumerate(offsets):
+                view = grouped[(slice(None),) + sl]
+                xp.add(view, cols[:, :, i], out=view)
+            if padded:
+                target[start:stop] = crop_padding(acc, geo.pads, in_sizes)
+    return target if out is None or target is out else _store(xp, target, out)
+
+
+def backward_weight_layout(x_shape: Sequence[int], g_shape: Sequence[int], ksize: Sequence[int], dtype: Any,
+                           geo: ConvGeometry) -> Layout:
+    """The temporaries of conv_backward_weight's im2col path (none for batch-last): the padded
+    input, columns and gradient rows of one chunk of samples, and a partial product."""
+    out_sizes = tuple(g_shape[2:])
+    if batch_last.batch_last_pays(x_shape, out_sizes, "weight"):
+        return []
+    n, c = x_shape[:2]
+    o = g_shape[1]
+    length, kc = _prod(out_sizes), (c // geo.groups) * _prod(ksize)
+    chunk = sample_chunks(n, c * _prod(ksize) * length * np.dtype(dtype).itemsize)[0][1]
+    layout: Layout = [("cols", (geo.groups * kc * chunk * length,), dtype), ("gmat", (o * chunk * length,), dtype),
+                      ("partial", (geo.groups, o // geo.groups, kc), dtype)]
+    if _has_padding(geo):
+        layout.append(("padded", (chunk, c) + _padded_sizes(x_shape[2:], geo), dtype))
+    return layout
 
 
 def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: ConvGeometry,
-                         out: Optional[Any] = None) -> Any:
-    """dw for y = conv(x, w): per group and chunk of samples, g (O/g, m·L) times x's columns (m·L, C/g·Πk)."""
-    if batch_last.batch_last_pays(x.shape, g.shape[2:], "weight"):
-        target = out if out is not None and out.flags.c_contiguous else \
-            xp.empty((g.shape[1], x.shape[1] // geo.groups) + tuple(ksize), dtype=x.dtype)
-        batch_last.backward_weight(xp, x, g, ksize, geo, target)
-        return target if out is None or target is out else _store(xp, target, out)
+                         out: Optional[Any] = None, scratch: Optional[Any] = None) -> Any:
+    """dw for y = conv(x, w): per group and chunk of samples, g (O/g, m·L) times x's columns (m·L, C/g·Πk),
+    summed over the chunks; temporaries from ``scratch`` when given."""
     n, c = x.shape[:2]
     o = g.shape[1]
     groups = geo.groups
     og = o // groups
+    ksize = tuple(ksize)
+    target = out if out is not None and out.flags.c_contiguous else \
+        xp.empty((o, c // groups) + ksize, dtype=x.dtype)
+    if batch_last.batch_last_pays(x.shape, g.shape[2:], "weight"):
+        batch_last.backward_weight(xp, x, g, ksize, geo, target)
+        return target if out is None or target is out else _store(xp, target, out)
+    temps = take(xp, scratch, backward_weight_layout(x.shape, g.shape, ksize, x.dtype, geo))
     out_sizes = tuple(g.shape[2:])
     nsp = geo.nsp
     length = _prod(out_sizes)
     kc = (c // groups) * _prod(ksize)
-    view = _windows(xp, pad_input(xp, x, geo.pads), ksize, out_sizes, geo)
+    padded = temps.get("padded")
+    if padded is not None:
+        padded[...] = 0      # the borders stay zero; each chunk overwrites the interior
+        interior = crop_padding(padded, geo.pads, x.shape[2:])
     # (C, k..., m, out...) so that each group's columns are one contiguous (C/g·Πk, m·L) matrix
     order = (1,) + tuple(range(2, 2 + nsp)) + (0,) + tuple(range(2 + nsp, 2 + 2 * nsp))
-    target = out if out is not None and out.flags.c_contiguous else \
-        xp.empty((o, c // groups) + tuple(ksize), dtype=x.dtype)
     result = target.reshape(groups, og, kc)
     for index, (start, stop) in enumerate(sample_chunks(n, c * _prod(ksize) * length * x.dtype.itemsize)):
         m = stop - start
-        cols = xp.ascontiguousarray(view[start:stop].transpose(order)).reshape(groups, kc, m * length)
-        gmat = xp.ascontiguousarray(xp.moveaxis(g[start:stop], 1, 0)).reshape(groups, og, m * length)
+        source = x[start:stop]
+        if padded is not None:
+            interior[:m] = source
+            source = padded[:m]
+        view = _windows(xp, source, ksize, out_sizes, geo)
+        cols = temps["cols"][:groups * kc * m * length]
+        cols.reshape((c,) + ksize + (m,) + out_sizes)[...] = view.transpose(order)
+        gmat = temps["gmat"][:o * m * length]
+        gmat.reshape(o, m, *out_sizes)[...] = xp.moveaxis(g[start:stop], 1, 0)
+        cols, gmat = cols.reshape(groups, kc, m * length), gmat.reshape(groups, og, m * length)
         if index == 0:
             xp.matmul(gmat, cols.transpose(0, 2, 1), out=result)
         else:
-            result += xp.matmul(gmat, cols.transpose(0, 2, 1))
+            result += xp.matmul(gmat, cols.transpose(0, 2, 1), out=temps["partial"])
     return target if out is None or target is out else _store(xp, target, out)
+
+
+def conv_grad_scratch(which: str, types: Sequence[TensorType], stride: Sequence[int], pad: Sequence[int],
+                      dilation: Sequence[int], groups: int) -> int:
+    """Scratch bytes of conv_grad_input (types g, w, x_like) or conv_grad_weight (x, g, w_like)."""
+    a, b, like = types
+    geo = ConvGeometry(a.ndim - 2, stride, pad, dilation, groups)
+    if which == "input":
+        return layout_bytes(backward_input_layout(a.shape, b.shape, like.shape[2:], a.dtype.np, geo))
+    return layout_bytes(backward_weight_layout(a.shape, b.shape, like.shape[2:], a.dtype.np, geo))
 
 
 # --------------------------------------------------------------------------- type rules
@@ -501,9 +552,14 @@ conv_grad_input = defop("conv_grad_input", num_inputs=3, pattern=OPAQUE, attrs=d
 
 
 @conv_grad_input.kernel
-def _(xp, g, w, x_like, *, stride, pad, dilation, groups, out=None):
+def _(xp, g, w, x_like, *, stride, pad, dilation, groups, out=None, scratch=None):
     geo = ConvGeometry(g.ndim - 2, stride, pad, dilation, groups)
-    return conv_backward_input(xp, g, w, x_like.shape[2:], geo, out)
+    return conv_backward_input(xp, g, w, x_like.shape[2:], geo, out, scratch)
+
+
+@conv_grad_input.scratch
+def _(types, **attrs):
+    return conv_grad_scratch("input", types, **attrs)
 
 
 @conv_grad_input.grad
@@ -520,9 +576,14 @@ conv_grad_weight = defop("conv_grad_weight", num_inputs=3, pattern=OPAQUE, attrs
 
 
 @conv_grad_weight.kernel
-def _(xp, x, g, w_like, *, stride, pad, dilation, groups, out=None):
+def _(xp, x, g, w_like, *, stride, pad, dilation, groups, out=None, scratch=None):
     geo = ConvGeometry(x.ndim - 2, stride, pad, dilation, groups)
-    return conv_backward_weight(xp, x, g, w_like.shape[2:], geo, out)
+    return conv_backward_weight(xp, x, g, w_like.shape[2:], geo, out, scratch)
+
+
+@conv_grad_weight.scratch
+def _(types, **attrs):
+    return conv_grad_scratch("weight", types, **attrs)
 
 
 @conv_grad_weight.grad

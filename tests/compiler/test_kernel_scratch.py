@@ -102,6 +102,57 @@ def test_conv_forward_in_its_scratch_matches_a_direct_loop(case, with_block):
     np.testing.assert_allclose(got, reference_conv(x, w, b, spec["stride"], spec["pad"], groups), rtol=2e-4, atol=2e-5)
 
 
+def reference_conv_grads(x, w, g, stride, pad, groups=1):
+    """(dx, dw) of sum(g * conv(x, w)) by the same loop over output positions (float64)."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    og = o // groups
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+    dxp, dw = np.zeros_like(xp), np.zeros(w.shape)
+    for i in range(g.shape[2]):
+        for j in range(g.shape[3]):
+            rows, cols = slice(i * stride, i * stride + kh), slice(j * stride, j * stride + kw)
+            for gi in range(groups):
+                chans, outs = slice(gi * cg, (gi + 1) * cg), slice(gi * og, (gi + 1) * og)
+                gij = g[:, outs, i, j].astype(np.float64)                                  # (n, og)
+                dw[outs] += np.einsum("no,nckl->ockl", gij, xp[:, chans, rows, cols])
+                dxp[:, chans, rows, cols] += np.einsum("no,ockl->nckl", gij, w[outs].astype(np.float64))
+    return dxp[:, :, pad:pad + h, pad:pad + wd], dw
+
+
+GRAD_CASES = {
+    # columns of 2 samples a chunk, 3 samples: a last, partial chunk
+    "padded-chunks": dict(x=(3, 4, 9, 9), w=(6, 4, 3, 3), stride=1, pad=1, budget=2 * 4 * 9 * 81 * 4),
+    "strided-groups": dict(x=(2, 6, 11, 11), w=(4, 3, 3, 3), stride=2, pad=1, groups=2),
+    "unpadded": dict(x=(2, 3, 30, 30), w=(5, 3, 5, 5), stride=1, pad=0),
+}
+
+
+@pytest.mark.parametrize("case", list(GRAD_CASES), ids=list(GRAD_CASES))
+@pytest.mark.parametrize("with_block", [True, False], ids=["block", "none"])
+def test_conv_gradients_in_their_scratch_match_a_direct_loop(monkeypatch, case, with_block):
+    spec = GRAD_CASES[case]
+    if "budget" in spec:
+        monkeypatch.setattr(CV, "COLUMN_BUDGET_BYTES", spec["budget"])
+        assert len(CV.sample_chunks(3, 4 * 9 * 81 * 4)) == 2
+    groups = spec.get("groups", 1)
+    x = rng.standard_normal(spec["x"]).astype(np.float32)
+    w = rng.standard_normal(spec["w"]).astype(np.float32)
+    geo = CV.ConvGeometry(2, (spec["stride"],), (spec["pad"],), (1,), groups)
+    g = rng.standard_normal((x.shape[0], w.shape[0]) + geo.out_sizes(x.shape[2:], w.shape[2:])).astype(np.float32)
+    attrs = dict(stride=(spec["stride"],), pad=(spec["pad"],), dilation=(1,), groups=groups)
+    tx, tw, tg = TensorType(x.shape), TensorType(w.shape), TensorType(g.shape)
+    need_dx = CV.conv_grad_scratch("input", [tg, tw, tx], **attrs)
+    need_dw = CV.conv_grad_scratch("weight", [tx, tg, tw], **attrs)
+    assert need_dx > 0 and need_dw > 0       # these sizes take the im2col kernels
+    block = (lambda nbytes: np.full(nbytes, 0x7F, np.uint8)) if with_block else (lambda nbytes: None)
+    dx = CV.conv_backward_input(np, g, w, x.shape[2:], geo, scratch=block(need_dx))
+    dw = CV.conv_backward_weight(np, x, g, w.shape[2:], geo, scratch=block(need_dw))
+    want_dx, want_dw = reference_conv_grads(x, w, g, spec["stride"], spec["pad"], groups)
+    np.testing.assert_allclose(dx, want_dx, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(dw, want_dw, rtol=2e-4, atol=2e-4)
+
+
 def test_conv_forward_runs_the_first_method_whose_temporaries_fit(monkeypatch):
     x = rng.standard_normal((8, 128, 8, 8)).astype(np.float32)
     w = (rng.standard_normal((128, 128, 3, 3)) / 34).astype(np.float32)
