@@ -38,6 +38,8 @@ from ..errors import ShapeError
 from ..ir.attrs import Any_, Bool, DTypeAttr, Str
 from ..ir.types import DType, TensorType, result_dtype
 from . import conv as cv
+from .conv_geometry import ConvGeometry
+from .conv_im2col import conv_forward, conv_forward_scratch
 from . import linalg as la
 from .registry import OPAQUE, defop
 from .rules import broadcast_shapes
@@ -431,11 +433,11 @@ conv_bias_act = defop(
 
 @conv_bias_act.kernel
 def _(xp, x, w, b=None, *, act, stride, pad, dilation, groups, out=None, scratch=None):
-    y = cv.conv_forward(xp, x, w, b, cv.ConvGeometry(x.ndim - 2, stride, pad, dilation, groups), out, scratch)
+    y = conv_forward(xp, x, w, b, ConvGeometry(x.ndim - 2, stride, pad, dilation, groups), out, scratch)
     return apply_activation(xp, act, y)
 
 
 @conv_bias_act.scratch
 def _(types, *, act, stride, pad, dilation, groups):
-    return cv.conv_forward_scratch(types, stride, pad, dilation, groups)
+    return conv_forward_scratch(types, stride, pad, dilation, groups)
 

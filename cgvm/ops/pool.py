@@ -31,7 +31,7 @@ from ..errors import ShapeError
 from ..ir.attrs import Bool, Ints
 from ..ir.types import TensorType, int64
 from . import pool_tiled as tiled
-from .conv import PadPairs, crop_padding, pad_pairs, spatial_values
+from .conv_geometry import PadPairs, crop_padding, pad_pairs, spatial_values
 from .registry import OPAQUE, REDUCE, defop
 from .rules import Dim, dims_agree, require_float
 

@@ -11,6 +11,7 @@ from cgvm.compiler import memory as M
 from cgvm.compiler.memory_report import memory_report
 from cgvm.ir import Graph, TensorType, input_value, param_value
 from cgvm.ops import conv as CV
+from cgvm.ops import conv_im2col as IM
 from cgvm.ops import conv_winograd as WG
 from cgvm.ops import elementwise as E
 from cgvm.ops.scratch import ALIGN, aligned_empty, layout_bytes, take
@@ -92,13 +93,13 @@ def test_conv_forward_in_its_scratch_matches_a_direct_loop(case, with_block):
     w = (rng.standard_normal(spec["w"]) / np.sqrt(np.prod(spec["w"][1:]))).astype(np.float32)
     b = rng.standard_normal(spec["w"][0]).astype(np.float32)
     geo = CV.ConvGeometry(2, (spec["stride"],), (spec["pad"],), (1,), groups)
-    kind = CV.forward_methods(x.shape, w.shape, x.dtype, geo)[0][0]
+    kind = IM.forward_methods(x.shape, w.shape, x.dtype, geo)[0][0]
     assert kind == spec["kind"]
-    need = CV.conv_forward_scratch([TensorType(x.shape), TensorType(w.shape), TensorType(b.shape)],
+    need = IM.conv_forward_scratch([TensorType(x.shape), TensorType(w.shape), TensorType(b.shape)],
                                    (spec["stride"],), (spec["pad"],), (1,), groups)
     # garbage in the block: a kernel must not rely on zeroed scratch
     block = np.full(need[0], 0x7F, np.uint8) if with_block and need else None
-    got = CV.conv_forward(np, x, w, b, geo, scratch=block)
+    got = IM.conv_forward(np, x, w, b, geo, scratch=block)
     np.testing.assert_allclose(got, reference_conv(x, w, b, spec["stride"], spec["pad"], groups), rtol=2e-4, atol=2e-5)
 
 
@@ -133,8 +134,8 @@ GRAD_CASES = {
 def test_conv_gradients_in_their_scratch_match_a_direct_loop(monkeypatch, case, with_block):
     spec = GRAD_CASES[case]
     if "budget" in spec:
-        monkeypatch.setattr(CV, "COLUMN_BUDGET_BYTES", spec["budget"])
-        assert len(CV.sample_chunks(3, 4 * 9 * 81 * 4)) == 2
+        monkeypatch.setattr(IM, "COLUMN_BUDGET_BYTES", spec["budget"])
+        assert len(IM.sample_chunks(3, 4 * 9 * 81 * 4)) == 2
     groups = spec.get("groups", 1)
     x = rng.standard_normal(spec["x"]).astype(np.float32)
     w = rng.standard_normal(spec["w"]).astype(np.float32)
@@ -142,12 +143,12 @@ def test_conv_gradients_in_their_scratch_match_a_direct_loop(monkeypatch, case, 
     g = rng.standard_normal((x.shape[0], w.shape[0]) + geo.out_sizes(x.shape[2:], w.shape[2:])).astype(np.float32)
     attrs = dict(stride=(spec["stride"],), pad=(spec["pad"],), dilation=(1,), groups=groups)
     tx, tw, tg = TensorType(x.shape), TensorType(w.shape), TensorType(g.shape)
-    need_dx = CV.conv_grad_scratch("input", [tg, tw, tx], **attrs)
-    need_dw = CV.conv_grad_scratch("weight", [tx, tg, tw], **attrs)
+    need_dx = IM.conv_grad_scratch("input", [tg, tw, tx], **attrs)
+    need_dw = IM.conv_grad_scratch("weight", [tx, tg, tw], **attrs)
     assert need_dx > 0 and need_dw > 0       # these sizes take the im2col kernels
     block = (lambda nbytes: np.full(nbytes, 0x7F, np.uint8)) if with_block else (lambda nbytes: None)
-    dx = CV.conv_backward_input(np, g, w, x.shape[2:], geo, scratch=block(need_dx))
-    dw = CV.conv_backward_weight(np, x, g, w.shape[2:], geo, scratch=block(need_dw))
+    dx = IM.conv_backward_input(np, g, w, x.shape[2:], geo, scratch=block(need_dx))
+    dw = IM.conv_backward_weight(np, x, g, w.shape[2:], geo, scratch=block(need_dw))
     want_dx, want_dw = reference_conv_grads(x, w, g, spec["stride"], spec["pad"], groups)
     np.testing.assert_allclose(dx, want_dx, rtol=2e-4, atol=2e-4)
     np.testing.assert_allclose(dw, want_dw, rtol=2e-4, atol=2e-4)
@@ -157,7 +158,7 @@ def test_conv_forward_runs_the_first_method_whose_temporaries_fit(monkeypatch):
     x = rng.standard_normal((8, 128, 8, 8)).astype(np.float32)
     w = (rng.standard_normal((128, 128, 3, 3)) / 34).astype(np.float32)
     geo = CV.ConvGeometry(2, (1,), (1,), (1,), 1)
-    winograd_bytes, im2col_bytes = CV.conv_forward_scratch([TensorType(x.shape), TensorType(w.shape)],
+    winograd_bytes, im2col_bytes = IM.conv_forward_scratch([TensorType(x.shape), TensorType(w.shape)],
                                                            (1,), (1,), (1,), 1)
     assert im2col_bytes < winograd_bytes
     calls = []
@@ -166,7 +167,7 @@ def test_conv_forward_runs_the_first_method_whose_temporaries_fit(monkeypatch):
     want = reference_conv(x, w, None, 1, 1)
     for nbytes, winograd_runs in ((winograd_bytes, True), (im2col_bytes, False)):
         calls.clear()
-        got = CV.conv_forward(np, x, w, None, geo, scratch=np.empty(nbytes, np.uint8))
+        got = IM.conv_forward(np, x, w, None, geo, scratch=np.empty(nbytes, np.uint8))
         assert bool(calls) == winograd_runs
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
 
@@ -228,8 +229,8 @@ def test_the_vm_runs_convolutions_in_planned_scratch_without_allocating_it(monke
     plan = next(iter(planned.memory_plans().values()))
     assert plan.scratch and plan.scratch_left   # conv 2 has room in the plan, conv 1 (beside y0 and y1) none
     blocks = []
-    real_take = CV.take
-    monkeypatch.setattr(CV, "take", lambda xp, block, layout: blocks.append(block) or real_take(xp, block, layout))
+    real_take = IM.take
+    monkeypatch.setattr(IM, "take", lambda xp, block, layout: blocks.append(block) or real_take(xp, block, layout))
     tracemalloc.start()
     try:
         got = planned(x)

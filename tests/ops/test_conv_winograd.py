@@ -5,6 +5,7 @@ import pytest
 import cgvm
 from cgvm.ir import TensorType, input_value
 from cgvm.ops import conv as CV
+from cgvm.ops import conv_im2col as IM
 from cgvm.ops import conv_winograd as WG
 from cgvm.ops import elementwise as E
 
@@ -119,7 +120,7 @@ def pick(x_shape, w_shape, stride=1, pad=1, dilation=1, groups=1, dtype=np.float
     x = np.zeros(x_shape, dtype)
     w = np.zeros(w_shape, dtype)
     geo = CV.ConvGeometry(len(x_shape) - 2, (stride,), (pad,), (dilation,), groups)
-    kind, tile = CV.forward_methods(x.shape, w.shape, x.dtype, geo)[0]
+    kind, tile = IM.forward_methods(x.shape, w.shape, x.dtype, geo)[0]
     return tile if kind == "winograd" else None
 
 
@@ -165,11 +166,11 @@ def test_conv_forward_sends_eligible_calls_to_the_winograd_kernel(monkeypatch):
     x = rng.standard_normal((4, 32, 16, 16)).astype(np.float32)
     w = (rng.standard_normal((32, 32, 3, 3)) / 17).astype(np.float32)
     b = rng.standard_normal(32).astype(np.float32)
-    got = CV.conv_forward(np, x, w, b, CV.ConvGeometry(2, (1,), (1,), (1,), 1))
+    got = IM.conv_forward(np, x, w, b, CV.ConvGeometry(2, (1,), (1,), (1,), 1))
     assert calls == [((4, 32, 16, 16), 4)]
     assert relative_error(got, direct_conv(x, w, b)) < 2e-5
-    CV.conv_forward(np, x, w[:, :, :1, :1], b, CV.ConvGeometry(2, (1,), (0,), (1,), 1))
-    CV.conv_forward(np, x, w, b, CV.ConvGeometry(2, (2,), (1,), (1,), 1))
+    IM.conv_forward(np, x, w[:, :, :1, :1], b, CV.ConvGeometry(2, (1,), (0,), (1,), 1))
+    IM.conv_forward(np, x, w, b, CV.ConvGeometry(2, (2,), (1,), (1,), 1))
     assert len(calls) == 1
 
 
@@ -178,7 +179,7 @@ def test_a_non_contiguous_output_buffer_gets_the_result():
     w = rng.standard_normal((32, 32, 3, 3))
     big = np.zeros((4, 32, 16, 32))
     out = big[..., ::2]
-    result = CV.conv_forward(np, x, w, None, CV.ConvGeometry(2, (1,), (1,), (1,), 1), out=out)
+    result = IM.conv_forward(np, x, w, None, CV.ConvGeometry(2, (1,), (1,), (1,), 1), out=out)
     assert result is out
     np.testing.assert_allclose(out, direct_conv(x, w), rtol=1e-10, atol=1e-10)
 
