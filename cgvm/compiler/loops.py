@@ -13,11 +13,9 @@ from typing import Dict, List
 
 from ..ir.builder import clone_node, rebuild
 from ..ir.graph import CONST, Graph, Value, input_value
+from ..ops.registry import GEMM_OPS
 from ..ops.shape import contiguous
 from .rewrite import rewrite
-
-#: ops whose operands are matrices a GEMM reads
-_GEMM_OPS = ("matmul", "gemm_bias_act")
 
 
 def _hoist_scan(node, inputs):
@@ -60,7 +58,7 @@ def _hoist_scan(node, inputs):
     new_body = Graph(list(body.inputs) + new_inputs, new_outs, name=body.name)
     attrs = dict(a)
     attrs["body"] = new_body
-    gemm_read = {id(v) for n in body.nodes if n.op.name in _GEMM_OPS and n not in invariant for v in n.inputs}
+    gemm_read = {id(v) for n in body.nodes if n.op.name in GEMM_OPS and n not in invariant for v in n.inputs}
     entering = [contiguous(outer[id(v)]) if id(v) in gemm_read and v.node is not None
                 and v.node.op.name == "transpose" else outer[id(v)] for v in needed]
     return clone_node(node, list(inputs[:S + C + len(outer_nonseq)]) + entering + list(tail), attrs)

@@ -198,6 +198,8 @@ def simulate(program: Program, types: Sequence[TensorType], plan: Optional[Memor
         "instructions": sum(1 for i in program.instrs if i.opcode == CALL),
         "scratch": max([b for _, _, b in plan.scratch.values()] + list(scratch_left.values()), default=0)
         if plan is not None else 0,
+        "scratch_placed": len(plan.scratch) if plan is not None else 0,
+        "scratch_unplaced": len(scratch_left),
     }
 
 
@@ -221,6 +223,9 @@ def format_report(report: Mapping[str, Any]) -> List[str]:
              f"intermediate kept), {mb(report['liveness_peak'])} (each freed after its last use)",
              f"  activations {report['activation_peak'] / max(report['unplanned'], 1):.2f}x the unplanned total; "
              f"two largest live activations {mb(report['two_largest_live'])}"]
+    if report.get("scratch"):
+        lines.append(f"  kernel scratch: largest {mb(report['scratch'])}; {report['scratch_placed']} kernels run in "
+                     f"planned memory no value holds, {report['scratch_unplaced']} allocate their own")
     if "recompute_saving" in report:
         lines.append(f"  recomputation: activations {mb(report['activation_peak'])} vs "
                      f"{mb(report['activation_peak_without_recompute'])} without "

@@ -27,8 +27,8 @@ from ..ir.graph import Graph, Value, input_value, toposort
 from ..ir.types import TensorType
 from . import elementwise as ew
 from . import shape as shp
-from .scratch import aligned_empty
-from .registry import INJECTIVE, OPAQUE, defop, subgraph_gradients
+from .scratch import aligned, aligned_empty
+from .registry import GEMM_OPS, INJECTIVE, OPAQUE, defop, subgraph_gradients
 
 
 def _split(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:
@@ -138,10 +138,15 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         return spare[j]
 
     steady = _steady_loop(n_seqs, n_carry, len(body.inputs) - n_seqs - n_carry, kept, go_backwards, has_until)
+    # non-sequences a GEMM reads on every step: made cache-line aligned once per call
+    gemm_read = {id(v) for n in body.nodes if n.op.name in GEMM_OPS for v in n.inputs}
+    realign = [k for k, v in enumerate(body.inputs[n_seqs + n_carry:]) if id(v) in gemm_read]
 
     def scan_kernel(*inputs):
         seqs, inits, rest = _split(inputs, n_seqs, n_carry)
         nonseqs = list(rest[:-1] if dyn_steps else rest)
+        for k in realign:
+            nonseqs[k] = aligned(xp, nonseqs[k])
         steps = int(rest[-1]) if dyn_steps else n_steps
         if steps is None:
             if not seqs:

@@ -34,6 +34,9 @@ SHAPE_ONLY_INPUTS = {("sum_to_like", 1), ("reshape_like", 1), ("broadcast_like",
                      ("ones_like", 0), ("full_like", 0), ("shape_of", 0), ("steps_like", 1),
                      ("pad_steps_like", 1), ("place_first", 1)}
 
+#: ops whose kernels run a GEMM on their operands (loop passes materialize and align what they read)
+GEMM_OPS = frozenset({"matmul", "gemm_bias_act", "gemm"})
+
 KernelFn = Callable[..., Any]
 GradFn = Callable[..., Sequence[Any]]
 ScratchFn = Callable[..., int]

