@@ -52,8 +52,34 @@ softmax = defop("softmax", pattern=OPAQUE, infer=_softmax_infer, inplace=((0, 0)
                 doc="exp(x) / sum(exp(x)) along axis (default 1, the channel axis), shifted by the maximum.")
 
 
+#: NumPy reduces along a short last axis slowly (13 us for the maximum over 10 classes of 128 rows,
+#: 3 us with the classes first): (rows, classes) arrays with at most this many classes are
+#: normalized in a transposed copy
+SHORT_CLASS_AXIS = 32
+
+
+def classes_first(xp, x, axis: int):
+    """A contiguous (classes, rows) copy of a 2-D ``x`` with few classes on its last axis, else None."""
+    if x.ndim == 2 and axis % 2 == 1 and x.shape[1] <= SHORT_CLASS_AXIS and x.shape[0] > x.shape[1]:
+        return xp.ascontiguousarray(x.T)
+    return None
+
+
+def _transposed_back(xp, t, like, out):
+    if out is None:
+        out = xp.empty_like(like)
+    out[...] = t.T
+    return out
+
+
 def softmax_values(xp, x, axis: int, out=None):
     """Softmax of array ``x`` along ``axis`` (stable: the maximum is subtracted first)."""
+    t = classes_first(xp, x, axis)
+    if t is not None:
+        t -= t.max(axis=0)
+        xp.exp(t, out=t)
+        t /= t.sum(axis=0)
+        return _transposed_back(xp, t, x, out)
     shift = xp.max(x, axis=axis, keepdims=True)
     y = xp.subtract(x, shift, out=out)
     xp.exp(y, out=y)
@@ -63,6 +89,11 @@ def softmax_values(xp, x, axis: int, out=None):
 
 def log_softmax_values(xp, x, axis: int, out=None):
     """Log-softmax of array ``x`` along ``axis``: x - max - log(sum(exp(x - max)))."""
+    t = classes_first(xp, x, axis)
+    if t is not None:
+        t -= t.max(axis=0)
+        t -= xp.log(xp.exp(t).sum(axis=0))
+        return _transposed_back(xp, t, x, out)
     shift = xp.max(x, axis=axis, keepdims=True)
     y = xp.subtract(x, shift, out=out)
     y -= xp.log(xp.sum(xp.exp(y), axis=axis, keepdims=True))
@@ -304,6 +335,6 @@ def _(node, g):
 
 __all__: Sequence[str] = (
     "ACROSS", "WITHIN", "softmax", "softmax_grad", "log_softmax", "log_softmax_grad", "softmax_values",
-    "log_softmax_values",
+    "log_softmax_values", "classes_first",
     "lrn", "lrn_grad", "lrn_window_sum", "batch_norm", "batch_norm_grad", "dropout", "dropout_grad",
     "embedding", "embedding_grad", "prelu")

@@ -400,3 +400,30 @@ def test_hinge_needs_2d_scores_and_contrastive_one_label_per_pair():
         L.hinge(_sym((2, 3, 4)), _sym((2,), "int64", "t"))
     with pytest.raises(ShapeError, match=r"one per sample.*test_loss\.py"):
         L.contrastive(_sym((4, 3)), _sym((4, 3), name="b"), _sym((4, 2), name="y"))
+
+
+@pytest.mark.parametrize("normalization", ["VALID", "FULL", "BATCH_SIZE", "NONE"])
+@pytest.mark.parametrize("classes", [10, 40])
+def test_softmax_loss_over_few_classes_matches_the_definition(normalization, classes):
+    """(rows, classes) logits with few classes take a transposed, classes-first path (loss, its
+    gradient, softmax and log_softmax); many classes the general one. Both against float64 NumPy."""
+    from cgvm.ops import nn
+
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal((64, classes)) * 4).astype(np.float32)
+    y = rng.integers(0, classes, 64)
+    assert (nn.classes_first(np, x, 1) is not None) == (classes <= nn.SHORT_CLASS_AXIS)
+    z = x.astype(np.float64) - x.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    divisor = 1 if normalization == "NONE" else 64
+    attrs = dict(axis=1, ignore_label=None, normalization=normalization)
+    loss = L.softmax_cross_entropy.bind(np, attrs)(x, y)
+    np.testing.assert_allclose(loss, -logp[np.arange(64), y].sum() / divisor, rtol=1e-5)
+    out = np.full_like(x, np.nan)
+    grad = L.softmax_cross_entropy_grad.bind(np, attrs)(np.float32(3.0), x, y, out=out)
+    want = np.exp(logp)
+    want[np.arange(64), y] -= 1
+    assert grad is out
+    np.testing.assert_allclose(grad, 3.0 * want / divisor, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(nn.softmax_values(np, x, 1), np.exp(logp), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(nn.log_softmax_values(np, x, 1), logp, rtol=1e-5, atol=1e-5)
