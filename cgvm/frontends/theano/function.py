@@ -136,9 +136,12 @@ class Function:
                             updates={s.value: v for s, v in updates}, workspace=workspace,
                             name=name or "theano_function", **_mode_options(mode))
         self._core = core
-        self._run = core.executable.run
+        # the core's frames and update recycling: an update's kernel writes into the array the
+        # update before last left, when nothing else holds it (no fresh multi-MiB array per call)
+        exe = core.executable
+        self._frames, self._key, self._frame_for = exe.frames, exe.key, exe.frame_for
+        self._apply_update = core._apply_update
         self._workspace = core.workspace
-        self._set = core.workspace.set
         self._update_keys = [s.key for s, _ in updates]
         self._array_type = core.workspace.backend.xp.ndarray
         self._asarray = core.workspace.backend.asarray
@@ -190,7 +193,8 @@ class Function:
                 a = arrays[k]
                 if type(a) is not np.ndarray or a.dtype != d or a.ndim != n or fixed:
                     arrays[k] = self._convert(k, a)
-        results = self._run(arrays)
+        frame = self._frames.get(self._key(arrays)) or self._frame_for(arrays)
+        results = list(frame.run(*arrays))
         arr_t = self._array_type
         for k, r in enumerate(results):
             if type(r) is not arr_t:
@@ -199,8 +203,9 @@ class Function:
             results[k] = results[k].copy()
         if self._update_keys:
             n = self._n_out
-            for key, value in zip(self._update_keys, results[n:]):
-                self._set(key, value)
+            bin = frame.recycle_bin
+            for k, (key, value) in enumerate(zip(self._update_keys, results[n:])):
+                self._apply_update(bin, k, key, value)
             del results[n:]
         return results[0] if self._single else results
 
