@@ -53,7 +53,7 @@ def aligned(xp: Any, a: Any) -> Any:
     """``a`` itself when it starts at a multiple of ALIGN bytes (or is not a NumPy array), else an
     aligned copy: for a matrix that many GEMMs read (OpenBLAS took 13 us instead of 17 for a
     32x128 by 128x128 product with the right operand aligned)."""
-    if getattr(xp, "__name__", "") != "numpy" or a.ctypes.data % ALIGN == 0:
+    if getattr(xp, "__name__", "") != "numpy" or not isinstance(a, xp.ndarray) or a.ctypes.data % ALIGN == 0:
         return a
     copy = aligned_empty(xp, a.shape, a.dtype)
     copy[...] = a

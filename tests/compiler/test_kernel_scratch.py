@@ -258,3 +258,19 @@ def test_the_memory_report_counts_scratch_that_fits_nowhere_while_its_kernel_run
     rep_huge = memory_report(fn)
     assert rep_huge["scratch"] == huge
     assert rep_huge["peak"] >= rep["peak"] - rep["scratch"] + huge - rep["planned"]
+
+
+def test_aligned_copies_only_what_is_not_on_a_cache_line():
+    from cgvm.ops.scratch import aligned
+
+    raw = np.empty(64 * 40 + 64, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    on_line = raw[start:start + 64 * 40].view(np.float32).reshape(32, 20)
+    off_line = raw[start + 16:start + 16 + 64 * 39].view(np.float32).reshape(13, 48)
+    off_line[...] = np.arange(off_line.size).reshape(off_line.shape)
+    assert aligned(np, on_line) is on_line
+    fixed = aligned(np, off_line)
+    assert fixed is not off_line and fixed.ctypes.data % ALIGN == 0
+    np.testing.assert_array_equal(fixed, off_line)
+    scalar = np.float32(2.0)
+    assert aligned(np, scalar) is scalar
