@@ -36,6 +36,11 @@ def _grouped_matmul(xp: Any, a: Any, b: Any, out: Optional[Any] = None) -> Any:
     return out
 
 
+#: a bias rides in the im2col GEMM (a row of ones, and a copy of the weights with a bias column)
+#: when the columns have fewer rows than this; else it is added to each chunk's output. The conv2d
+#: benchmark row (3 -> 32 channels, 27 rows) ran 20% faster with it (2.2 against 2.8 ms, one run).
+BIAS_ROW_BELOW = 128
+
 # im2col columns are built for a chunk of samples at a time, about this many bytes: the block stays
 # in a core's L2 cache, and a small buffer reused across chunks avoids the page faults that a
 # fresh batch-sized buffer costs on every call (they dominated the run time when measured).
@@ -82,15 +87,21 @@ def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], has_bias: boo
         return batch_last.forward_layout(x_shape, w_shape, geo, out_sizes, dtype)
     if kind == "pointwise":
         return []
-    # im2col: the columns and the padded input of one chunk of samples
+    # im2col: the columns and the padded input of one chunk of samples (and, with a bias riding in
+    # the GEMM, the bias-augmented weights)
     n, c = x_shape[:2]
-    cg = w_shape[1]
+    o, cg = w_shape[:2]
     g = geo.groups
     length = dims_product(out_sizes)
-    chunk = sample_chunks(n, g * cg * dims_product(w_shape[2:]) * length * np.dtype(dtype).itemsize)[0][1]
-    layout: Layout = [("cols", (chunk, g, cg * dims_product(w_shape[2:]), length), dtype)]
+    rows = cg * dims_product(w_shape[2:])
+    bias_row = has_bias and rows < BIAS_ROW_BELOW
+    rows += bias_row
+    chunk = sample_chunks(n, g * rows * length * np.dtype(dtype).itemsize)[0][1]
+    layout: Layout = [("cols", (chunk, g, rows, length), dtype)]
     if any(b or e for b, e in geo.pads):
         layout.append(("padded", (chunk, c) + tuple(s + b + e for s, (b, e) in zip(x_shape[2:], geo.pads)), dtype))
+    if bias_row:
+        layout.append(("wmat", (g, o // g, rows), dtype))
     return layout
 
 
@@ -126,6 +137,15 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
             target += b.reshape(bias_shape(geo.nsp, o))
     else:
         cols, padded = temps["cols"], temps.get("padded")
+        kc = cg * dims_product(ksize)
+        if "wmat" in temps:
+            # few rows: the bias rides in the GEMM as a row of ones in the columns (for ~1/kc more
+            # work), where a pass over the output would cost about as much as the GEMM
+            cols[:, :, kc:] = 1
+            wb = temps["wmat"]
+            wb[:, :, :kc] = wmat
+            wb[:, :, kc] = b.reshape(g, og)
+            wmat, b = wb, None
         if padded is not None:
             padded[...] = 0      # the borders stay zero; each chunk overwrites the interior
             interior = crop_padding(padded, geo.pads, x.shape[2:])
@@ -137,7 +157,7 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
                 interior[:m] = source
                 source = padded[:m]
             view = windows(xp, source, ksize, out_sizes, geo)
-            cols[:m].reshape((m,) + block)[...] = view.reshape((m,) + block)
+            cols[:m, :, :kc].reshape((m,) + block)[...] = view.reshape((m,) + block)
             _grouped_matmul(xp, wmat, cols[:m], out=results[start:stop])
             if b is not None:    # while the chunk's output is in cache
                 results[start:stop] += b.reshape(1, g, og, 1)

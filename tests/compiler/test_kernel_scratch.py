@@ -79,6 +79,8 @@ CASES = {
     "winograd": dict(kind="winograd", x=(4, 32, 12, 12), w=(32, 32, 3, 3), stride=1, pad=1),
     "im2col-pad": dict(kind="im2col", x=(3, 4, 9, 9), w=(6, 4, 3, 3), stride=2, pad=1),
     "im2col-groups": dict(kind="im2col", x=(2, 6, 12, 12), w=(4, 3, 3, 3), stride=1, pad=0, groups=2),
+    # 144 rows: the bias is added to the output, not carried in the GEMM
+    "im2col-many-rows": dict(kind="im2col", x=(2, 16, 10, 10), w=(8, 16, 3, 3), stride=2, pad=1),
     "batch-last": dict(kind="batch_last", x=(16, 5, 8, 8), w=(7, 5, 3, 3), stride=1, pad=1),
     "pointwise": dict(kind="pointwise", x=(2, 8, 5, 5), w=(3, 8, 1, 1), stride=1, pad=0),
 }
