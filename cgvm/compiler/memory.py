@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..ir.types import TensorType
+from ..ops.scratch import ALIGN   # arena blocks start on cache lines, as kernel temporaries do
 from ..vm.bytecode import CALL, Program
 
 
@@ -133,8 +134,6 @@ def _fit_scratch(blocks: Sequence["_Block"], where: List[Tuple[int, int]], stora
     return placed, left
 
 
-#: arena blocks start at multiples of this many bytes (cache lines; every dtype's alignment)
-ALIGN = 64
 
 #: a block never released lives to the end of the program
 FOREVER = 1 << 62

@@ -27,8 +27,8 @@ from ..ir.graph import Graph, Value, input_value, toposort
 from ..ir.types import TensorType
 from . import elementwise as ew
 from . import shape as shp
-from .scratch import aligned, aligned_empty
 from .registry import GEMM_OPS, INJECTIVE, OPAQUE, defop, subgraph_gradients
+from .scratch import aligned, aligned_empty
 
 
 def _split(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:

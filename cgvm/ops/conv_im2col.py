@@ -53,6 +53,22 @@ def sample_chunks(n: int, bytes_per_sample: int) -> List[Tuple[int, int]]:
     return [(i, min(i + size, n)) for i in range(0, n, size)]
 
 
+def _chunk_windows(xp: Any, x: Any, padded: Optional[Any], ksize: Sequence[int], out_sizes: Sequence[int],
+                   geo: ConvGeometry, elements_per_sample: int):
+    """``(start, stop, windows)`` for each chunk of samples (sample_chunks of that many column
+    elements per sample): the strided window view of the chunk, copied first into the interior of
+    ``padded`` (a chunk-sized buffer whose borders are zeroed once) when the convolution pads."""
+    if padded is not None:
+        padded[...] = 0
+        interior = crop_padding(padded, geo.pads, x.shape[2:])
+    for start, stop in sample_chunks(x.shape[0], elements_per_sample * x.dtype.itemsize):
+        source = x[start:stop]
+        if padded is not None:
+            interior[:stop - start] = source
+            source = padded[:stop - start]
+        yield start, stop, windows(xp, source, ksize, out_sizes, geo)
+
+
 def forward_methods(x_shape: Sequence[int], w_shape: Sequence[int], dtype: Any, geo: ConvGeometry
                     ) -> List[Tuple[str, int]]:
     """The methods conv_forward can use for this convolution, fastest first: ("winograd", tile side)
@@ -146,17 +162,9 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
             wb[:, :, :kc] = wmat
             wb[:, :, kc] = b.reshape(g, og)
             wmat, b = wb, None
-        if padded is not None:
-            padded[...] = 0      # the borders stay zero; each chunk overwrites the interior
-            interior = crop_padding(padded, geo.pads, x.shape[2:])
         block = (g, cg) + ksize + out_sizes
-        for start, stop in sample_chunks(n, cols[0].size * x.dtype.itemsize):
+        for start, stop, view in _chunk_windows(xp, x, padded, ksize, out_sizes, geo, cols[0].size):
             m = stop - start
-            source = x[start:stop]
-            if padded is not None:
-                interior[:m] = source
-                source = padded[:m]
-            view = windows(xp, source, ksize, out_sizes, geo)
             cols[:m, :, :kc].reshape((m,) + block)[...] = view.reshape((m,) + block)
             _grouped_matmul(xp, wmat, cols[:m], out=results[start:stop])
             if b is not None:    # while the chunk's output is in cache
@@ -281,20 +289,12 @@ def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: Con
     nsp = geo.nsp
     length = dims_product(out_sizes)
     kc = (c // groups) * dims_product(ksize)
-    padded = temps.get("padded")
-    if padded is not None:
-        padded[...] = 0      # the borders stay zero; each chunk overwrites the interior
-        interior = crop_padding(padded, geo.pads, x.shape[2:])
     # (C, k..., m, out...) so that each group's columns are one contiguous (C/g·Πk, m·L) matrix
     order = (1,) + tuple(range(2, 2 + nsp)) + (0,) + tuple(range(2 + nsp, 2 + 2 * nsp))
     result = target.reshape(groups, og, kc)
-    for index, (start, stop) in enumerate(sample_chunks(n, c * dims_product(ksize) * length * x.dtype.itemsize)):
+    chunks = _chunk_windows(xp, x, temps.get("padded"), ksize, out_sizes, geo, c * dims_product(ksize) * length)
+    for index, (start, stop, view) in enumerate(chunks):
         m = stop - start
-        source = x[start:stop]
-        if padded is not None:
-            interior[:m] = source
-            source = padded[:m]
-        view = windows(xp, source, ksize, out_sizes, geo)
         cols = temps["cols"][:groups * kc * m * length]
         cols.reshape((c,) + ksize + (m,) + out_sizes)[...] = view.transpose(order)
         gmat = temps["gmat"][:o * m * length]

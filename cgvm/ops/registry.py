@@ -16,7 +16,7 @@ Calling an OpDef builds a node: ``relu(x, negative_slope=0.1)``.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..ir.builder import apply
 from ..ir.opschema import OPS, OpSchema
@@ -39,7 +39,7 @@ GEMM_OPS = frozenset({"matmul", "gemm_bias_act", "gemm"})
 
 KernelFn = Callable[..., Any]
 GradFn = Callable[..., Sequence[Any]]
-ScratchFn = Callable[..., int]
+ScratchFn = Callable[..., Union[int, Sequence[int]]]
 
 
 class OpDef(OpSchema):

@@ -8,7 +8,7 @@ block alive during that one instruction, in memory that values freed earlier lef
 passes the block to the kernel as ``scratch=`` (MXNet's temp-space request, TVM's workspace).
 
 Both sides read one description, a ``Layout``: the temporaries' names, shapes and dtypes in
-order. ``layout_bytes`` sizes the block from it, and ``Scratch.take`` carves the block into
+order. ``layout_bytes`` sizes the block from it, and ``take`` carves the block into
 arrays from it, so the size and the carving cannot disagree. Without a block (no memory plan,
 shapes unknown at planning time), or with one too small, ``take`` allocates instead.
 """
