@@ -17,6 +17,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .conv_geometry import dims_product
 from .scratch import take
 
 #: columns kept per chunk of output rows (bytes): as conv.py's im2col, about what a core's L2
@@ -78,18 +79,11 @@ def _columns(xp: Any, xt: Any, ksize: Tuple[int, int], r0: int, r1: int, ow: int
     front of ``flat`` (1-D) when given."""
     kh, kw = ksize
     shape = (xt.shape[0], kh, kw, r1 - r0, ow, xt.shape[-1])
-    cols = xp.empty(shape, dtype=xt.dtype) if flat is None else flat[:_size(shape)].reshape(shape)
+    cols = xp.empty(shape, dtype=xt.dtype) if flat is None else flat[:dims_product(shape)].reshape(shape)
     for ki in range(kh):
         for kj in range(kw):
             cols[:, ki, kj] = _window(xt, ki, kj, r0, r1, ow, geo)
     return cols
-
-
-def _size(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], geo: Any, out_sizes: Sequence[int],

@@ -16,8 +16,10 @@ order, as in Caffe. ``return_mask`` adds Caffe's top[1]: the argmax as a flat in
 (in + pads), so padding counts but the ceil-mode overhang does not (Caffe, PyTorch's
 count_include_pad); ``count_include_pad=False`` divides by the in-image part only.
 
-Kernels loop over the kernel offsets, each one strided slice of the padded input, so the work
-is Πk passes over the output; gradients add the same slices back (col2im without scatter).
+Kernels loop over the kernel offsets, each one strided slice of the input clipped to the image
+(padding is never copied), a chunk of (sample, channel) planes at a time; k x k windows reduce one
+axis at a time. Gradients add the same slices back (col2im without scatter). Windows that tile
+the input have their own layouts (cgvm.ops.pool_tiled).
 """
 from __future__ import annotations
 
