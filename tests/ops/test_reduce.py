@@ -245,3 +245,23 @@ def test_argmax_takes_a_single_axis():
     x = input_value(TensorType((3, 4), "float32"), "x")
     with pytest.raises(GraphBuildError, match="axis.*test_reduce.py"):
         R.argmax(x, axis=(0, 1))
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axis", [(0, 2, 3), (0, 1), (0, -1), (-4, -2), (0, 1, 2, 3)])
+def test_multi_axis_sums_over_the_batch_add_whole_samples_first(axis, keepdims):
+    """Sums over axis 0 and others (conv bias gradients) reduce the batch axis first; shape and
+    value must be NumPy's, in float64 and float32, into a given out buffer too."""
+    from cgvm.ops import reduce as RD
+
+    rng = np.random.default_rng(6)
+    for dtype, rtol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+        x = rng.standard_normal((4, 5, 6, 7)).astype(dtype)
+        want = x.astype(np.float64).sum(axis=axis, keepdims=keepdims)
+        kernel = RD.sum.bind(np, dict(axis=axis, keepdims=keepdims))
+        got = kernel(x)
+        assert got.shape == want.shape and got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol)
+        out = np.empty(want.shape, dtype)
+        np.testing.assert_allclose(kernel(x, out=out), want, rtol=rtol, atol=rtol)
+        np.testing.assert_allclose(out, want, rtol=rtol, atol=rtol)
