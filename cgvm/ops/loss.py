@@ -1,5 +1,6 @@
-"""Loss ops: softmax and sigmoid cross-entropy on logits, cross-entropies on probabilities,
-euclidean, mean squared error, hinge and contrastive loss.
+"""Loss ops: softmax and sigmoid cross-entropy on logits, cross-entropies on probabilities; the
+losses on distances and margins (euclidean, mean squared error, hinge, contrastive) are in
+loss_distance and re-exported here.
 
 Caffe's loss layers (SoftmaxWithLoss, SigmoidCrossEntropyLoss, EuclideanLoss, HingeLoss,
 ContrastiveLoss) return a 0-d loss already normalized as Caffe does: ``ignore_label`` drops
@@ -14,9 +15,9 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from ..errors import DTypeError, ShapeError
-from ..ir.attrs import Bool, DTypeAttr, Float, Int, Str
+from ..ir.attrs import DTypeAttr, Float, Int, Str
 from ..ir.graph import Value
-from ..ir.types import TensorType, float32, int64
+from ..ir.types import TensorType, float32
 from . import elementwise as ew
 from . import nn
 from . import reduce as red
@@ -29,14 +30,14 @@ NORMALIZATIONS = ("FULL", "VALID", "BATCH_SIZE", "NONE")
 
 
 
-def _scalar(xp, value, dtype, out):
+def scalar_result(xp, value, dtype, out):
     """A 0-d result of ``dtype`` (NumPy reductions give scalars, sometimes of a wider type)."""
     return _assign(xp, out, xp.asarray(value, dtype=dtype))
 
 
 
 
-def _unbroadcast(g: Value, x: Value) -> Value:
+def unbroadcast(g: Value, x: Value) -> Value:
     """Gradient ``g`` summed down to the shape of ``x``."""
     if g.shape == x.shape and None not in x.shape:
         return g
@@ -64,14 +65,14 @@ def check_labels(labels: TensorType, scores: TensorType, axis: int, what: str) -
                          f"expected shape {tuple('?' if d is None else d for d in expected)}")
 
 
-def _labels_on_axis(xp, labels, ndim: int, axis: int):
+def labels_on_axis(xp, labels, ndim: int, axis: int):
     """Labels as int64 with a size-1 axis where the scores have their classes (ready to broadcast)."""
     if labels.ndim < ndim:
         labels = xp.expand_dims(labels, axis)
     return labels if labels.dtype == xp.int64 else labels.astype(xp.int64)
 
 
-def _class_hits(xp, labels_on_axis, n_classes: int, ndim: int, axis: int):
+def class_hits(xp, labels_on_axis, n_classes: int, ndim: int, axis: int):
     """Boolean one-hot: True where the class index along ``axis`` equals the label."""
     classes = xp.arange(n_classes).reshape((n_classes,) + (1,) * (ndim - axis - 1))
     return labels_on_axis == classes
@@ -137,7 +138,7 @@ one_hot_like = defop("one_hot_like", num_inputs=2, pattern=OPAQUE, differentiabl
 @one_hot_like.kernel
 def _(xp, labels, like, *, axis, out=None):
     a = axis % like.ndim
-    hits = _class_hits(xp, _labels_on_axis(xp, labels, like.ndim, a), like.shape[a], like.ndim, a)
+    hits = class_hits(xp, labels_on_axis(xp, labels, like.ndim, a), like.shape[a], like.ndim, a)
     return _assign(xp, out, xp.broadcast_to(hits, like.shape).astype(like.dtype))
 
 
@@ -172,7 +173,7 @@ softmax_cross_entropy = defop(
 def _sce_parts(xp, logits, labels, axis, ignore_label, normalization):
     """(labels with a class axis, made safe to index with, and the weights)."""
     a = axis % logits.ndim
-    lab = _labels_on_axis(xp, labels, logits.ndim, a)
+    lab = labels_on_axis(xp, labels, logits.ndim, a)
     weights = label_weights(xp, lab, a, ignore_label, normalization, logits.dtype)
     if ignore_label is not None:
         lab = xp.where(lab == ignore_label, 0, lab)   # ignored labels may lie outside [0, classes)
@@ -197,10 +198,10 @@ def _(xp, logits, labels, *, axis, ignore_label, normalization, out=None):
         n, divisor = common
         t -= t.max(axis=0)
         total = xp.log(xp.exp(t).sum(axis=0)).sum() - t[labels, xp.arange(n)].sum()
-        return _scalar(xp, total / divisor, logits.dtype, out)
+        return scalar_result(xp, total / divisor, logits.dtype, out)
     a, lab, weights = _sce_parts(xp, logits, labels, axis, ignore_label, normalization)
     picked = xp.take_along_axis(nn.log_softmax_values(xp, logits, a), lab, axis=a)
-    return _scalar(xp, -xp.sum(picked * weights), logits.dtype, out)
+    return scalar_result(xp, -xp.sum(picked * weights), logits.dtype, out)
 
 
 @softmax_cross_entropy.grad
@@ -226,7 +227,7 @@ def _(xp, g, logits, labels, *, axis, ignore_label, normalization, out=None):
         return r
     a, lab, weights = _sce_parts(xp, logits, labels, axis, ignore_label, normalization)
     r = nn.softmax_values(xp, logits, a, out=out)
-    r -= _class_hits(xp, lab, logits.shape[a], logits.ndim, a)
+    r -= class_hits(xp, lab, logits.shape[a], logits.ndim, a)
     weights *= g
     r *= weights
     return r
@@ -276,7 +277,7 @@ def _(xp, logits, targets, *, ignore_label, normalization, out=None):
     weights = label_weights(xp, targets, 1, ignore_label, normalization, logits.dtype)
     t = targets.astype(logits.dtype, copy=False)
     per = xp.maximum(logits, 0) - logits * t + xp.log1p(xp.exp(-xp.abs(logits)))
-    return _scalar(xp, xp.sum(per * weights), logits.dtype, out)
+    return scalar_result(xp, xp.sum(per * weights), logits.dtype, out)
 
 
 def _sigce_weights(targets: Value, logits: Value, attrs) -> Value:
@@ -371,10 +372,10 @@ def _(node, g):
     tf = _as_float(t, p)
     # d/dq = (q - t) / (q (1 - q)); d/dt = log(1 - q) - log(q)
     d_q = ew.div(ew.sub(q, tf), ew.mul(q, ew.sub(1.0, q)))
-    d_p = _unbroadcast(_unless_clipped(ew.mul(g, d_q), p, eps), p)
+    d_p = unbroadcast(_unless_clipped(ew.mul(g, d_q), p, eps), p)
     d_t = None
     if t.dtype.is_float:
-        d_t = _unbroadcast(ew.mul(g, ew.sub(ew.log1p(ew.neg(q)), ew.log(q))), t)
+        d_t = unbroadcast(ew.mul(g, ew.sub(ew.log1p(ew.neg(q)), ew.log(q))), t)
     return [d_p, d_t]
 
 
@@ -411,7 +412,7 @@ def _(xp, p, t, *, axis, eps, out=None):
     if t.dtype.kind == "f":
         r = -xp.sum(t * xp.log(q), axis=a)
     else:
-        picked = xp.take_along_axis(q, _labels_on_axis(xp, t, p.ndim, a), axis=a)
+        picked = xp.take_along_axis(q, labels_on_axis(xp, t, p.ndim, a), axis=a)
         r = -xp.log(xp.squeeze(picked, axis=a))
     return _assign(xp, out, r)
 
@@ -429,202 +430,10 @@ def _(node, g):
     return [d_p, d_t]
 
 
-# --------------------------------------------------------------------------- euclidean, mse
-
-def _euclidean_infer(types):
-    a, b = types
-    require_float(a, "euclidean input")
-    if b.dtype is not a.dtype:
-        raise DTypeError(f"euclidean: inputs have dtypes {a.dtype} and {b.dtype}")
-    if a.ndim < 1 or b.ndim < 1 or not _dims_agree(a.shape[0], b.shape[0]):
-        raise ShapeError(f"euclidean: inputs {a!r} and {b!r} need the same first (batch) dimension")
-    per_a, per_b = _prod(a.shape[1:]), _prod(b.shape[1:])
-    if per_a is not None and per_b is not None and per_a != per_b:
-        raise ShapeError(f"euclidean: inputs {a!r} and {b!r} differ in size per sample")
-    return TensorType((), a.dtype)
-
-
-def _prod(dims: Sequence[Optional[int]]) -> Optional[int]:
-    n = 1
-    for d in dims:
-        if d is None:
-            return None
-        n *= d
-    return n
-
-
-euclidean = defop("euclidean", num_inputs=2, pattern=OPAQUE, infer=_euclidean_infer,
-                  doc="Caffe's EuclideanLoss: sum((a - b)^2) / (2 N), N the first dimension; b may have another "
-                      "shape with the same size per sample.")
-
-
-@euclidean.kernel
-def _(xp, a, b, out=None):
-    diff = a - b.reshape(a.shape)
-    return _scalar(xp, xp.sum(xp.square(diff)) / (2 * max(a.shape[0], 1)), a.dtype, out)
-
-
-@euclidean.grad
-def _(node, g):
-    a, b = node.inputs
-    diff = ew.sub(a, shp.reshape_like(b, a))
-    d_a = ew.mul(diff, ew.div(g, red.reduced_count(a, (0,), a.dtype)))
-    return [d_a, shp.reshape_like(ew.neg(d_a), b)]
-
-
-MSE_REDUCTIONS = ("mean", "sum", "none", "per_sample", "last_axis")
-
-
-def _mse_axes(ndim: int, reduction: str) -> Optional[Sequence[int]]:
-    """The axes mse averages over (None: all), for the reductions that average."""
-    return {"mean": None, "per_sample": tuple(range(1, ndim)), "last_axis": (ndim - 1,)}[reduction]
-
-
-def _mse_infer(types, reduction):
-    a, b = types
-    require_float(a, "mse input")
-    if b.dtype is not a.dtype:
-        raise DTypeError(f"mse: inputs have dtypes {a.dtype} and {b.dtype}")
-    shape = broadcast_shapes(a.shape, b.shape)
-    if reduction in ("mean", "sum"):
-        return TensorType((), a.dtype)
-    if reduction == "none":
-        return TensorType(shape, a.dtype)
-    if not shape:
-        raise ShapeError(f"mse with reduction {reduction!r} needs at least one axis")
-    return TensorType(shape[:1] if reduction == "per_sample" else shape[:-1], a.dtype)
-
-
-mse = defop("mse", num_inputs=2, pattern=OPAQUE, infer=_mse_infer,
-            attrs={"reduction": Str("mean", choices=MSE_REDUCTIONS)},
-            doc="Mean squared error of a - b (they broadcast). reduction: 'mean' over all elements (0-d), 'sum', "
-                "'none' (elementwise), 'per_sample' (mean over all axes but the first, shape (N,)), 'last_axis' "
-                "(mean over the last axis, as Keras' mean_squared_error).")
-
-
-@mse.kernel
-def _(xp, a, b, *, reduction, out=None):
-    sq = xp.square(a - b)
-    if reduction == "none":
-        return _assign(xp, out, sq)
-    if reduction == "sum":
-        return _scalar(xp, xp.sum(sq), a.dtype, out)
-    return _assign(xp, out, xp.asarray(xp.mean(sq, axis=_mse_axes(sq.ndim, reduction)), dtype=a.dtype))
-
-
-@mse.grad
-def _(node, g):
-    a, b = node.inputs
-    reduction = node.attrs["reduction"]
-    diff = ew.sub(a, b)
-    if reduction in ("none", "sum"):
-        spread = g          # broadcasts against diff
-    else:
-        axes = _mse_axes(diff.ndim, reduction)
-        kept = g if not axes else shp.expand_dims(g, axis=axes)
-        spread = ew.div(kept, red.reduced_count(diff, axes, a.dtype))
-    d_diff = ew.mul(ew.mul(diff, 2.0), spread)
-    return [_unbroadcast(d_diff, a), _unbroadcast(ew.neg(d_diff), b)]
-
-
-# --------------------------------------------------------------------------- hinge
-
-def _hinge_infer(types, norm):
-    scores, labels = types
-    require_float(scores, "hinge scores")
-    if scores.ndim != 2:
-        raise ShapeError(f"hinge: scores must be (N, classes), got {scores!r}")
-    check_labels(labels, scores, 1, "hinge")
-    return TensorType((), scores.dtype)
-
-
-hinge = defop("hinge", num_inputs=2, pattern=OPAQUE, infer=_hinge_infer,
-              attrs={"norm": Str("L1", choices=("L1", "L2"))},
-              doc="Caffe's HingeLoss on scores (N, D) and integer labels (N,): with t = scores, the true class "
-                  "negated, l = max(0, 1 + t); L1: sum(l) / N, L2: sum(l^2) / N.")
-
-
-@hinge.kernel
-def _(xp, scores, labels, *, norm, out=None):
-    hits = _class_hits(xp, _labels_on_axis(xp, labels, 2, 1), scores.shape[1], 2, 1)
-    margins = xp.maximum(xp.where(hits, -scores, scores) + 1, 0)
-    total = xp.sum(margins) if norm == "L1" else xp.sum(xp.square(margins))
-    return _scalar(xp, total / max(scores.shape[0], 1), scores.dtype, out)
-
-
-@hinge.grad
-def _(node, g):
-    scores, labels = node.inputs
-    sign = ew.sub(1.0, ew.mul(one_hot_like(labels, scores, axis=1), 2.0))   # -1 at the true class
-    before_max = ew.add(ew.mul(scores, sign), 1.0)
-    per_sample = ew.div(g, red.reduced_count(scores, (0,), scores.dtype))
-    if node.attrs["norm"] == "L1":
-        return [ew.relu_grad(ew.mul(sign, per_sample), before_max), None]   # sign where the margin is active
-    return [ew.mul(ew.mul(sign, ew.relu(before_max)), ew.mul(per_sample, 2.0)), None]
-
-
-# --------------------------------------------------------------------------- contrastive
-
-def _contrastive_infer(types, margin, legacy_version):
-    a, b, y = types
-    require_float(a, "contrastive input")
-    if b.dtype is not a.dtype or b.ndim != a.ndim or not all(_dims_agree(p, q) for p, q in zip(a.shape, b.shape)):
-        raise ShapeError(f"contrastive: the two inputs {a!r} and {b!r} must have one shape and dtype")
-    if a.ndim < 1:
-        raise ShapeError("contrastive: the inputs need a batch axis")
-    if y.dtype.is_bool or y.ndim < 1 or not _dims_agree(y.shape[0], a.shape[0]) or \
-            not all(_dims_agree(d, 1) for d in y.shape[1:]):
-        raise ShapeError(f"contrastive: the similarity labels {y!r} must be numbers, one per sample "
-                         f"({a.shape[0] if a.shape[0] is not None else '?'},)")
-    return TensorType((), a.dtype)
-
-
-contrastive = defop(
-    "contrastive", num_inputs=3, pattern=OPAQUE, infer=_contrastive_infer,
-    attrs={"margin": Float(1.0), "legacy_version": Bool(False)},
-    doc="Caffe's ContrastiveLoss(a, b, y): d^2 = |a_i - b_i|^2 over the non-batch axes; similar pairs (int(y) != 0) "
-        "add d^2, dissimilar ones max(margin - d, 0)^2 (legacy_version: max(margin - d^2, 0)); the sum is divided "
-        "by 2 N. The gradient at d = 0 of a dissimilar pair is 0, as in Caffe.")
-
-
-@contrastive.kernel
-def _(xp, a, b, y, *, margin, legacy_version, out=None):
-    n = a.shape[0]
-    d2 = xp.sum(xp.square((a - b).reshape(n, -1)), axis=1)
-    flags = y.reshape(n)
-    similar = (flags if flags.dtype.kind in "iu" else flags.astype(xp.int64)) != 0
-    if legacy_version:
-        apart = xp.maximum(margin - d2, 0)
-    else:
-        apart = xp.square(xp.maximum(margin - xp.sqrt(d2), 0))
-    return _scalar(xp, xp.sum(xp.where(similar, d2, apart)) / (2 * max(n, 1)), a.dtype, out)
-
-
-@contrastive.grad
-def _(node, g):
-    # d loss / d(a - b) = (a - b) f / N with f = 1 (similar), -[d^2 < margin] (legacy) or
-    # -(margin - d) / d [d < margin] (default, 0 at d = 0)
-    a, b, y = node.inputs
-    margin = node.attrs["margin"]
-    feature_axes = tuple(range(1, a.ndim))
-    diff = ew.sub(a, b)
-    d2 = red.sum(ew.square(diff), axis=feature_axes)
-    as_int = y if y.dtype.is_int else ew.cast(y, dtype=int64)
-    similar = shp.reshape_like(ew.ne(as_int, 0), d2)
-    if node.attrs["legacy_version"]:
-        apart = ew.neg(ew.cast(ew.lt(d2, margin), dtype=a.dtype))
-    else:
-        positive = ew.gt(d2, 0)
-        dist = ew.sqrt(ew.where(positive, d2, shp.ones_like(d2)))   # sqrt'(0) never enters the gradient
-        pull = ew.neg(ew.div(ew.sub(margin, dist), dist))
-        apart = ew.where(ew.logical_and(positive, ew.lt(dist, margin)), pull, shp.zeros_like(d2))
-    factor = ew.where(similar, shp.ones_like(d2), apart)
-    factor = ew.mul(factor, ew.div(g, red.reduced_count(a, (0,), a.dtype)))
-    d_a = ew.mul(diff, shp.expand_dims(factor, axis=feature_axes) if feature_axes else factor)
-    return [d_a, ew.neg(d_a), None]
-
+# the losses on distances and margins, declared in their own module (they read the helpers above)
+from .loss_distance import MSE_REDUCTIONS, contrastive, euclidean, hinge, mse  # noqa: E402
 
 __all__: Sequence[str] = (
     "NORMALIZATIONS", "loss_weights", "one_hot_like", "softmax_cross_entropy", "softmax_cross_entropy_grad",
     "sigmoid_cross_entropy", "sigmoid_cross_entropy_grad", "binary_crossentropy", "categorical_crossentropy",
-    "euclidean", "mse", "hinge", "contrastive", "check_labels", "label_weights")
+    "euclidean", "mse", "MSE_REDUCTIONS", "hinge", "contrastive", "check_labels", "label_weights")
