@@ -15,7 +15,7 @@ from . import reduce as red
 from . import shape as shp
 from .loss import check_labels, class_hits, labels_on_axis, one_hot_like, scalar_result, unbroadcast
 from .registry import OPAQUE, defop
-from .rules import assign_out as _assign, broadcast_shapes, dims_agree as _dims_agree, require_float
+from .rules import assign_out as _assign, broadcast_shapes, dims_agree as _dims_agree, prod_dims, require_float
 
 
 # --------------------------------------------------------------------------- euclidean, mse
@@ -27,19 +27,10 @@ def _euclidean_infer(types):
         raise DTypeError(f"euclidean: inputs have dtypes {a.dtype} and {b.dtype}")
     if a.ndim < 1 or b.ndim < 1 or not _dims_agree(a.shape[0], b.shape[0]):
         raise ShapeError(f"euclidean: inputs {a!r} and {b!r} need the same first (batch) dimension")
-    per_a, per_b = _prod(a.shape[1:]), _prod(b.shape[1:])
+    per_a, per_b = prod_dims(a.shape[1:]), prod_dims(b.shape[1:])
     if per_a is not None and per_b is not None and per_a != per_b:
         raise ShapeError(f"euclidean: inputs {a!r} and {b!r} differ in size per sample")
     return TensorType((), a.dtype)
-
-
-def _prod(dims: Sequence[Optional[int]]) -> Optional[int]:
-    n = 1
-    for d in dims:
-        if d is None:
-            return None
-        n *= d
-    return n
 
 
 euclidean = defop("euclidean", num_inputs=2, pattern=OPAQUE, infer=_euclidean_infer,
