@@ -9,6 +9,7 @@ import sys
 from typing import Callable, Iterable, List, NamedTuple, Optional, Sequence, TextIO
 
 from ..ir.graph import Graph, verify
+from .accumulate import fuse_accumulations
 from .cse import eliminate_common_subexpressions
 from .fold import fold_constants
 from .fuse import fuse_elementwise, fuse_epilogues
@@ -38,6 +39,8 @@ PIPELINE: List[Pass] = [
                                                                    "carries as one product after them"),
     Pass("simplify", simplify, ("cse",), "algebraic identities, stable log-softmax/cross-entropy forms; batch norm, "
                                          "scale and bias folded into the preceding conv"),
+    Pass("accumulate", fuse_accumulations, ("simplify",), "beta * c + alpha * (a @ b) as one gemm adding "
+                                                          "into c (SGD and momentum weight updates)"),
     Pass("epilogues", fuse_epilogues, ("simplify",), "matmul + bias (+ activation) as gemm_bias_act, "
                                                      "conv + activation as conv_bias_act"),
     Pass("fuse", fuse_elementwise, ("epilogues",), "chains of elementwise ops as one fused_elementwise kernel "

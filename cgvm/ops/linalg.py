@@ -17,6 +17,7 @@ from ..ir.attrs import AttrKind, Bool, Float
 from ..ir.builder import as_value
 from ..ir.graph import Value, current_source
 from ..ir.types import TensorType, result_dtype
+from . import blas
 from . import elementwise as ew
 from . import reduce as red
 from . import shape as shp
@@ -90,18 +91,42 @@ def _gemm_infer(types, trans_a, trans_b, alpha, beta):
     return TensorType((m, n), result_dtype(*dtypes))
 
 
-gemm = defop("gemm", num_inputs=(2, 3), pattern=OPAQUE, infer=_gemm_infer,
+gemm = defop("gemm", num_inputs=(2, 3), pattern=OPAQUE, infer=_gemm_infer, inplace=((2, 0),),
              attrs={"trans_a": Bool(False), "trans_b": Bool(False), "alpha": Float(1.0), "beta": Float(1.0)},
-             doc="BLAS gemm: alpha * op(a) @ op(b) + beta * c, op transposing where asked; c broadcasts.")
+             doc="BLAS gemm: alpha * op(a) @ op(b) + beta * c, op transposing where asked; c broadcasts. "
+                 "A c of the result's shape may be overwritten by it.")
+
+
+def _accumulator(xp: Any, c: Any, out: Any, dtype: Any) -> Any:
+    """The buffer a product is added into: ``c`` itself where the planner let it die here, else a copy."""
+    if out is c:
+        return c
+    if out is None:
+        return c.astype(dtype, copy=True)
+    xp.copyto(out, c)
+    return out
 
 
 @gemm.kernel_factory
 def _(xp, trans_a, trans_b, alpha, beta):
     def kernel(a, b, c=None, out=None):
-        r = xp.matmul(a.T if trans_a else a, b.T if trans_b else b, out=out)
+        a = a.T if trans_a else a
+        b = b.T if trans_b else b
+        if c is not None and c.shape == (a.shape[0], b.shape[1]) and beta != 0.0:
+            acc = _accumulator(xp, c, out, xp.result_type(a, b, c))
+            if xp is np and blas.accumulate_product(alpha, a, b, beta, acc):
+                return acc
+            product = xp.matmul(a, b)
+            if beta != 1.0:
+                acc *= xp.asarray(beta, dtype=acc.dtype)
+            if alpha != 1.0:
+                product *= xp.asarray(alpha, dtype=product.dtype)
+            acc += product
+            return acc
+        r = xp.matmul(a, b, out=out)
         if alpha != 1.0:
             r *= xp.asarray(alpha, dtype=r.dtype)
-        if c is not None:
+        if c is not None and beta != 0.0:   # as in BLAS, beta = 0 ignores c
             r += c if beta == 1.0 else c * xp.asarray(beta, dtype=c.dtype)
         return r
     return kernel

@@ -128,9 +128,11 @@ class Executable:
             # False marks outputs whose kernel cannot take a buffer in this frame: never refilled
             recycle_bin: List[Any] = [None if i in recycled.values() else False
                                       for i in range(len(self.recyclable))]
+            in_place = {s: recycled[out] for s, out in self._updates_in_place(prog).items() if out in recycled}
             run, line_pc = lower(prog, kernels, views, self._consts, scalar_outputs,
                                  self.backend.xp.asarray, self.workspace._data,
-                                 lambda exc, lp: self._threaded_error(exc, lp, prog), recycled, recycle_bin)
+                                 lambda exc, lp: self._threaded_error(exc, lp, prog), recycled, recycle_bin,
+                                 in_place)
             return Frame(run, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
         code = self._lower_loop(prog, views, kernels)
         return Frame(self._loop_runner(prog, code, scalar_outputs), types, plan, buffers, code=code)
@@ -141,6 +143,44 @@ class Executable:
         for pc, (sid, offset, nbytes) in (plan.scratch.items() if plan is not None else ()):
             kernels[pc] = functools.partial(kernels[pc], scratch=buffers[sid][offset:offset + nbytes])
         return kernels
+
+    def _updates_in_place(self, prog: Program) -> Dict[int, int]:
+        """Parameter slot -> the recyclable output slot whose kernel may overwrite that parameter.
+
+        An update ``w' = f(w, ...)`` may be written into ``w``'s own array when ``f``'s op declares
+        that input in-place and its instruction is the last to read ``w`` or any view of it, and
+        no output is ``w`` or a view of it. (Whether the array is private to the workspace is
+        checked on each call: see threaded.lower.)
+        """
+        param_of = {s: s for _, s in prog.param_slots}   # slot -> the parameter slot it views
+        last_read: Dict[int, int] = {}
+        for pc, ins in enumerate(prog.instrs):
+            if ins.opcode != CALL:
+                continue
+            for a in ins.args:
+                if a in param_of:
+                    last_read[param_of[a]] = pc
+            if prog.nodes[ins.node].op.view and ins.args and ins.args[0] in param_of:
+                for r in ins.results:
+                    param_of[r] = param_of[ins.args[0]]
+        outputs = list(prog.output_slots)
+        exposed = {param_of[s] for s in outputs if s in param_of}
+        producer = {ins.results[0]: pc for pc, ins in enumerate(prog.instrs)
+                    if ins.opcode == CALL and len(ins.results) == 1}
+        found: Dict[int, int] = {}
+        for position in self.recyclable:
+            out = outputs[position]
+            pc = producer.get(out)
+            if pc is None or outputs.count(out) != 1:
+                continue
+            ins = prog.instrs[pc]
+            for i, o in prog.nodes[ins.node].op.inplace:
+                s = ins.args[i] if i < len(ins.args) else None
+                if (o == 0 and param_of.get(s) == s and s not in exposed and s not in found
+                        and last_read.get(s) == pc and ins.args.count(s) == 1):
+                    found[s] = out
+                    break
+        return found
 
     def _recycled_slots(self, prog: Program, types: Sequence[TensorType]) -> Dict[int, int]:
         """Output slot -> recycle-bin index, for recyclable outputs a kernel writes into whole."""

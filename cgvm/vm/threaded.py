@@ -8,6 +8,7 @@ through the line number, so the hot path carries no bookkeeping.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .bytecode import CALL, FREE, Program
@@ -16,17 +17,21 @@ from .bytecode import CALL, FREE, Program
 def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any], consts: Dict[int, Any],
           scalar_outputs: Sequence[int], asarray: Callable, params: Any,
           on_error: Callable[[BaseException, Dict[int, int]], None],
-          recycled: Optional[Dict[int, int]] = None, recycle_bin: Optional[list] = None
-          ) -> Tuple[Callable, Dict[int, int]]:
+          recycled: Optional[Dict[int, int]] = None, recycle_bin: Optional[list] = None,
+          in_place: Optional[Dict[int, int]] = None) -> Tuple[Callable, Dict[int, int]]:
     """Return ``(run, line_to_pc)``; ``run(*inputs)`` returns the tuple of output values.
 
     ``kernels`` maps each CALL's pc to its kernel. ``params`` is the workspace's dict; ``run`` reads parameters from it on every call.
     ``recycled`` maps an output slot to an index of ``recycle_bin``: its kernel writes into
     ``recycle_bin[index]`` (None: allocate), a buffer the caller refills between calls.
+    ``in_place`` maps a parameter slot to the recycle-bin index of the update that may overwrite
+    it: on each call, when the workspace alone holds the parameter's array (no user reference,
+    view or DLPack export, not itself a view), that array is the update's buffer.
     ``on_error(exc, line_to_pc)`` is called (and raises) when an instruction fails; the
     try block costs nothing on the way through.
     """
-    env: Dict[str, Any] = {"_asarray": asarray, "_data": params, "_on_error": on_error, "_bin": recycle_bin}
+    env: Dict[str, Any] = {"_asarray": asarray, "_data": params, "_on_error": on_error, "_bin": recycle_bin,
+                           "_refs": sys.getrefcount}
     recycled = recycled or {}
     lines: List[str] = []
     line_pc: Dict[int, int] = {}
@@ -37,6 +42,10 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
         env[f"n{s}"] = name
         line_pc[len(lines) + 1] = -1 - s  # a failing read names the parameter
         lines.append(f"    s{s} = _data[n{s}]")
+        if in_place and s in in_place:
+            # three references: the workspace's dict, this local and getrefcount's argument
+            lines.append(f"    if _refs(s{s}) == 3 and s{s}.base is None and s{s}.flags.writeable: "
+                         f"_bin[{in_place[s]}] = s{s}")
     for s, arr in consts.items():
         env[f"c{s}"] = arr
 
