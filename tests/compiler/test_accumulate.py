@@ -1,0 +1,229 @@
+"""Accumulating products: ``beta * c + alpha * (a @ b)`` as one gemm adding into ``c``.
+
+The rewrite is checked on the IR (before/after) and on results against the unoptimized program;
+the BLAS binding against float64 NumPy products; the in-place weight update on the identity of
+the parameter's array and on the values of a plain NumPy SGD loop.
+"""
+import numpy as np
+import pytest
+
+import cgvm
+from cgvm.compiler.accumulate import fuse_accumulations
+from cgvm.ir import Graph, TensorType, input_value, param_value
+from cgvm.ops import blas
+from cgvm.ops import elementwise as E
+from cgvm.ops import linalg as L
+from cgvm.ops import loss as LS
+from cgvm.ops import shape as S
+
+RNG = np.random.default_rng(0)
+
+
+def _names(graph):
+    return [n.op.name for n in graph.nodes]
+
+
+def _gemm(graph):
+    (node,) = [n for n in graph.nodes if n.op.name == "gemm"]
+    return node
+
+
+def _matrices(*shapes, dtype="float32"):
+    return [input_value(TensorType(s, dtype), f"m{k}") for k, s in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("build, alpha, beta", [
+    (lambda c, a, b: E.sub(c, E.mul(L.matmul(a, b), 0.25)), -0.25, 1.0),      # SGD: w - lr * g
+    (lambda c, a, b: E.add(E.mul(0.5, L.matmul(a, b)), c), 0.5, 1.0),         # product first
+    (lambda c, a, b: E.add(E.mul(c, 0.9), E.mul(L.matmul(a, b), 0.5)), 0.5, 0.9),  # momentum
+    (lambda c, a, b: E.sub(L.matmul(a, b), c), 1.0, -1.0),
+    (lambda c, a, b: E.add(c, L.matmul(a, b)), 1.0, 1.0),
+])
+def test_products_added_to_a_matrix_become_one_gemm(build, alpha, beta):
+    c, a, b = _matrices((6, 5), (6, 7), (7, 5))
+    graph = Graph([c, a, b], [build(c, a, b)])
+    fused = fuse_accumulations(graph)
+    assert _names(fused) == ["gemm"]
+    node = _gemm(fused)
+    assert node.attrs["alpha"] == pytest.approx(alpha) and node.attrs["beta"] == pytest.approx(beta)
+    assert [v.name for v in node.inputs] == ["m1", "m2", "m0"]
+    args = [RNG.standard_normal(v.shape).astype(np.float32) for v in (c, a, b)]
+    want = cgvm.compile([c, a, b], build(c, a, b), passes=[])(*args)
+    got = cgvm.compile([c, a, b], build(c, a, b))(*args)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_no_rewrite_when_the_product_is_read_elsewhere_or_broadcast():
+    c, a, b, bias = _matrices((6, 5), (6, 7), (7, 5), (5,))
+    p = L.matmul(a, b)
+    shared = Graph([c, a, b], [E.sub(c, p), E.mul(p, 2.0)])     # the product has a second reader
+    assert "gemm" not in _names(fuse_accumulations(shared))
+    broadcast = Graph([a, b, bias], [E.add(L.matmul(a, b), bias)])   # a bias, not an accumulator
+    assert "gemm" not in _names(fuse_accumulations(broadcast))
+    scale = input_value(TensorType((), "float32"), "lr")
+    symbolic = Graph([c, a, b, scale], [E.sub(c, E.mul(L.matmul(a, b), scale))])   # alpha not a constant
+    assert "gemm" not in _names(fuse_accumulations(symbolic))
+    batched = _matrices((2, 6, 5), (2, 6, 7), (2, 7, 5))
+    stacked = Graph(batched, [E.add(batched[0], L.matmul(batched[1], batched[2]))])
+    assert "gemm" not in _names(fuse_accumulations(stacked))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_blas_accumulation_matches_numpy(dtype, trans_a, trans_b):
+    if not blas.available():
+        pytest.skip("NumPy's BLAS could not be bound here (threadpoolctl missing or an unknown BLAS)")
+    m, k, n = 70, 90, 60
+    a = RNG.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
+    b = RNG.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
+    a, b = (a.T if trans_a else a), (b.T if trans_b else b)
+    c = RNG.standard_normal((m, n)).astype(dtype)
+    want = -0.3 * (a.astype(np.float64) @ b.astype(np.float64)) + 0.7 * c
+    assert blas.accumulate_product(-0.3, a, b, 0.7, c)
+    np.testing.assert_allclose(c, want, rtol=1e-4 if dtype == "float32" else 1e-12, atol=1e-4 if dtype == "float32" else 1e-12)
+
+
+def test_blas_accumulation_copies_strided_operands_and_declines_what_it_cannot_do():
+    if not blas.available():
+        pytest.skip("NumPy's BLAS could not be bound here")
+    a = RNG.standard_normal((80, 200)).astype(np.float32)[:, ::2]    # neither C- nor F-contiguous
+    b = RNG.standard_normal((100, 90)).astype(np.float32)
+    c = np.zeros((80, 90), np.float32)
+    assert blas.accumulate_product(1.0, a, b, 0.0, c)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    small = np.ones((2, 2), np.float32)
+    assert not blas.accumulate_product(1.0, small, small, 1.0, small.copy())             # below the size floor
+    ints = np.ones((300, 300), np.int64)
+    assert not blas.accumulate_product(1.0, ints, ints, 1.0, ints.copy())                # no integer gemm
+    strided_c = np.zeros((90, 180), np.float32)[:, ::2]
+    assert not blas.accumulate_product(1.0, b.T.copy(), b, 1.0, strided_c)               # c must be C-contiguous
+
+
+@pytest.mark.parametrize("use_blas", [True, False])
+def test_gemm_kernel_accumulates_into_c_or_a_copy(monkeypatch, use_blas):
+    if not use_blas:
+        monkeypatch.setattr(blas, "accumulate_product", lambda *args: False)
+    kernel = L.gemm.bind(np, {"trans_a": True, "trans_b": False, "alpha": -0.5, "beta": 2.0})
+    a = RNG.standard_normal((120, 100)).astype(np.float32)
+    b = RNG.standard_normal((120, 110)).astype(np.float32)
+    c = RNG.standard_normal((100, 110)).astype(np.float32)
+    want = -0.5 * (a.T.astype(np.float64) @ b) + 2.0 * c
+    kept = c.copy()
+    out = np.empty_like(c)
+    assert kernel(a, b, c, out=out) is out
+    np.testing.assert_array_equal(c, kept)                       # c untouched when the result goes elsewhere
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
+    fresh = kernel(a, b, c)
+    np.testing.assert_allclose(fresh, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(c, kept)
+    assert kernel(a, b, c, out=c) is c                           # planned in place: c dies here
+    np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4)
+
+
+def _mlp_step(ws, lr=0.05):
+    x = input_value(TensorType((None, 40), "float32"), "x")
+    y = input_value(TensorType((None,), "int64"), "y")
+    w1, w2 = param_value("w1", TensorType((40, 30))), param_value("w2", TensorType((30, 5)))
+    h = E.relu(L.matmul(x, w1))
+    loss = LS.softmax_cross_entropy(L.matmul(h, w2), y)
+    g1, g2 = cgvm.grad(loss, [w1, w2])
+    return cgvm.compile([x, y], loss, workspace=ws,
+                        updates={w1: E.sub(w1, E.mul(g1, lr)), w2: E.sub(w2, E.mul(g2, lr))})
+
+
+def _numpy_sgd(w1, w2, x, y, lr=0.05, steps=1):
+    """The same MLP step in float64 NumPy: softmax cross-entropy, backprop by hand."""
+    w1, w2 = w1.astype(np.float64), w2.astype(np.float64)
+    for _ in range(steps):
+        z = x @ w1
+        h = np.maximum(z, 0)
+        logits = h @ w2
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        d = p.copy()
+        d[np.arange(len(y)), y] -= 1
+        d /= len(y)
+        g2 = h.T @ d
+        g1 = x.T @ ((d @ w2.T) * (z > 0))
+        w1, w2 = w1 - lr * g1, w2 - lr * g2
+    return w1, w2
+
+
+def _data(n=64):
+    return RNG.standard_normal((n, 40)).astype(np.float32), RNG.integers(0, 5, n)
+
+
+def test_sgd_updates_write_into_the_parameters_own_arrays():
+    ws = cgvm.Workspace()
+    w1, w2 = (RNG.standard_normal((40, 30)) * 0.2).astype(np.float32), (RNG.standard_normal((30, 5)) * 0.2).astype(np.float32)
+    ws["w1"], ws["w2"] = w1.copy(), w2.copy()
+    step = _mlp_step(ws)
+    assert sum(n.op.name == "gemm" for n in step.graph.nodes) == 2
+    x, y = _data()
+    step(x, y)                     # the first call binds fresh arrays; from then on they are updated in place
+    a1, a2 = id(ws["w1"]), id(ws["w2"])
+    for _ in range(4):
+        step(x, y)
+    assert (id(ws["w1"]), id(ws["w2"])) == (a1, a2)
+    want1, want2 = _numpy_sgd(w1, w2, x, y, steps=5)
+    np.testing.assert_allclose(ws["w1"], want1, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ws["w2"], want2, rtol=1e-4, atol=1e-5)
+
+
+def test_an_update_never_writes_into_an_array_someone_holds():
+    ws = cgvm.Workspace()
+    w1, w2 = (RNG.standard_normal((40, 30)) * 0.2).astype(np.float32), (RNG.standard_normal((30, 5)) * 0.2).astype(np.float32)
+    ws["w1"], ws["w2"] = w1.copy(), w2.copy()
+    step = _mlp_step(ws)
+    x, y = _data()
+    step(x, y)
+    history = []
+    for _ in range(3):
+        history.append((ws["w1"], ws["w1"].copy()))    # the user keeps the array and its values
+        step(x, y)
+    for held, values in history:
+        np.testing.assert_array_equal(held, values)
+    memory = np.zeros((2, 40, 30), np.float32)
+    memory[1] = ws["w1"]
+    kept = memory.copy()
+    ws["w1"] = memory[1]                                 # a parameter that is a view of user memory
+    for _ in range(3):
+        step(x, y)
+    np.testing.assert_array_equal(memory, kept)
+    assert not np.shares_memory(ws["w1"], memory)
+
+
+def test_a_parameter_that_is_also_an_output_is_not_overwritten():
+    ws = cgvm.Workspace()
+    ws["w"] = RNG.standard_normal((30, 20)).astype(np.float32)
+    a = input_value(TensorType((50, 30), "float32"), "a")
+    b = input_value(TensorType((50, 20), "float32"), "b")
+    w = param_value("w", TensorType((30, 20)))
+    f = cgvm.compile([a, b], w, workspace=ws, updates={w: E.sub(w, E.mul(L.matmul(S.transpose(a), b), 0.1))})
+    av, bv = RNG.standard_normal((50, 30)).astype(np.float32), RNG.standard_normal((50, 20)).astype(np.float32)
+    f(av, bv)
+    before = ws["w"].copy()
+    returned = f(av, bv)
+    np.testing.assert_array_equal(returned, before)     # the output is the old value, untouched
+    np.testing.assert_allclose(ws["w"], before - 0.1 * av.T @ bv, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["w_first", "v_first"])
+def test_a_parameter_read_after_its_update_keeps_its_old_value_there(order):
+    ws = cgvm.Workspace()
+    ws["w"] = RNG.standard_normal((30, 20)).astype(np.float32)
+    ws["v"] = RNG.standard_normal((30, 20)).astype(np.float32)
+    a = input_value(TensorType((50, 30), "float32"), "a")
+    b = input_value(TensorType((50, 20), "float32"), "b")
+    w, v = param_value("w", TensorType((30, 20))), param_value("v", TensorType((30, 20)))
+    new_w = E.sub(w, E.mul(L.matmul(S.transpose(a), b), 0.1))
+    new_v = E.add(v, E.mul(w, 2.0))                     # reads the old w
+    updates = {w: new_w, v: new_v} if order == "w_first" else {v: new_v, w: new_w}
+    f = cgvm.compile([a, b], [], workspace=ws, updates=updates)
+    av, bv = RNG.standard_normal((50, 30)).astype(np.float32), RNG.standard_normal((50, 20)).astype(np.float32)
+    for _ in range(3):
+        w0, v0 = ws["w"].copy(), ws["v"].copy()
+        f(av, bv)
+        np.testing.assert_allclose(ws["v"], v0 + 2.0 * w0, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(ws["w"], w0 - 0.1 * av.T @ bv, rtol=1e-4, atol=1e-5)
