@@ -28,16 +28,28 @@ class Row:
             self.impls[name] = fn
 
 
+#: seconds to pause between implementations when BLAS runs several threads: OpenBLAS and OpenMP
+#: workers spin for up to ~0.1 s after a call, and a library that ran just before would otherwise
+#: hold a core the next one's threads need (cgvm's MLP step measured 3.5 ms alone, 6.7 ms right
+#: after PyTensor's, on 2 cores with 2 threads)
+SETTLE_S = 0.2
+
+
 def measure(row: Row) -> Row:
+    from cgvm.backend.threads import num_threads
+
     for fn in row.impls.values():  # warm-up: compile caches, memory plans, BLAS threads
         for _ in range(min(3, row.number)):
             fn()
+    settle = SETTLE_S if (num_threads() or 1) > 1 and len(row.impls) > 1 else 0.0
     samples: Dict[str, List[float]] = {k: [] for k in row.impls}
     gc_was = gc.isenabled()
     gc.disable()
     try:
         for _ in range(row.rounds):
             for name, fn in row.impls.items():
+                if settle:
+                    time.sleep(settle)
                 n = row.number
                 t0 = time.perf_counter()
                 for _ in range(n):
