@@ -7,7 +7,7 @@ Two walks over the graph (``rewrite``), each rule looking at a node and its rewr
      ``exp(log x)`` -> x only where x cannot be negative (an exp, sqrt, square, abs, relu,
      sigmoid, softplus or softmax output); ``transpose(transpose x)`` -> one transpose (or x),
      ``reshape(reshape x)`` -> one reshape (or x); a cast to x's own dtype and identity views
-     (stop_gradient and friends, reshape/flatten/broadcast to x's own shape, identity transpose,
+     (stop_gradient and friends, reshape/flatten/broadcast/sum_to_like to x's own static shape, identity transpose,
      squeeze of expand_dims on the same axes) -> x. A constant only counts as the identity
      element when it neither widens x's shape nor changes its dtype.
    * stability (Theano's "stabilize"): ``log(softmax x)`` -> log_softmax; ``log(sigmoid x)`` ->
@@ -236,7 +236,8 @@ def _reshape(node, inputs):
 
 
 def _shape_view(node, inputs):
-    """flatten, reshape_like, broadcast_to, broadcast_like, expand_dims, squeeze: identity when shape-preserving."""
+    """flatten, reshape_like, broadcast_to, broadcast_like, expand_dims, squeeze, sum_to_like: identity when
+    shape-preserving."""
     x = inputs[0]
     out = node.outputs[0]
     name = node.op.name
@@ -300,7 +301,7 @@ LOCAL_RULES: Dict[str, Rule] = {
     "mul": _mul, "add": _add, "sub": _sub, "div": _div, "neg": _neg, "exp": _exp, "log": _log,
     "transpose": _transpose, "reshape": _reshape, "cast": _cast,
     "flatten": _shape_view, "reshape_like": _shape_view, "broadcast_to": _shape_view,
-    "broadcast_like": _shape_view, "expand_dims": _shape_view, "squeeze": _shape_view,
+    "broadcast_like": _shape_view, "expand_dims": _shape_view, "squeeze": _shape_view, "sum_to_like": _shape_view,
     "stop_gradient": _identity, "grad_scale": _identity, "grad_clip": _identity,
     "binary_crossentropy": _binary_crossentropy, "categorical_crossentropy": _categorical_crossentropy,
 }

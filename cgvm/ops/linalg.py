@@ -67,8 +67,9 @@ def _(node, g):
         g2 = shp.expand_dims(g, axis=-1)
     else:
         g2 = g
-    ga = _sum_to(matmul(g2, shp.swap_last_axes(b2)), a2)
-    gb = _sum_to(matmul(shp.swap_last_axes(a2), g2), b2)
+    ga, gb = matmul(g2, shp.swap_last_axes(b2)), matmul(shp.swap_last_axes(a2), g2)
+    if a2.ndim > 2 or b2.ndim > 2:   # batch axes may have broadcast; matrices' products have their shapes
+        ga, gb = _sum_to(ga, a2), _sum_to(gb, b2)
     if a.ndim == 1:
         ga = shp.squeeze(ga, axis=0)
     if b.ndim == 1:
