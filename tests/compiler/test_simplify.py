@@ -66,6 +66,17 @@ def test_identity_constants_that_widen_or_retype_stay():
     check_same(f, bare, randn(3), np.arange(3, dtype=np.int32))
 
 
+def test_sum_to_like_its_own_static_shape_vanishes():
+    x = input_value(TensorType((4, 3)), "x")
+    like = input_value(TensorType((4, 3)), "like")
+    small = input_value(TensorType((1, 3)), "small")
+    unknown = input_value(TensorType((None, 3)), "unknown")
+    f, bare = pair([x, like, small, unknown],
+                   [E.tanh(R.sum_to_like(x, like)), R.sum_to_like(x, small), R.sum_to_like(unknown, like)])
+    assert ops(f) == ["tanh", "sum_to_like", "sum_to_like"]   # reducing, or not provably the same shape
+    check_same(f, bare, randn(4, 3), randn(4, 3), randn(1, 3), randn(4, 3))
+
+
 def test_double_negation_and_log_of_exp():
     x = input_value(TensorType((None,)), "x")
     f, bare = pair([x], E.tanh(E.log(E.exp(E.neg(E.neg(x))))))
