@@ -3,7 +3,8 @@
 Two walks over the graph (``rewrite``), each rule looking at a node and its rewritten inputs:
 
 1. Local rules, true for every value (no use counts needed):
-   * algebra: ``x*1``, ``x+0``, ``x-0``, ``x/1``, ``neg(neg x)``, ``log(exp x)`` -> x;
+   * algebra: ``x*1``, ``x+0``, ``x-0``, ``x/1``, ``neg(neg x)``, ``log(exp x)`` -> x (the 0 or 1 a
+     constant or a zeros_like/ones_like, as autodiff makes for zero gradients);
      ``exp(log x)`` -> x only where x cannot be negative (an exp, sqrt, square, abs, relu,
      sigmoid, softplus or softmax output); ``transpose(transpose x)`` -> one transpose (or x),
      ``reshape(reshape x)`` -> one reshape (or x); a cast to x's own dtype and identity views
@@ -71,8 +72,15 @@ def _producer(v: Value, *names: str) -> Optional[Node]:
     return n if n is not None and n.op.name in names else None
 
 
+_FILLS = {"zeros_like": 0.0, "ones_like": 1.0}   # ops whose result holds one value everywhere
+
+
 def _is_const(v: Value, value: float) -> bool:
-    return v.kind == CONST and v.data.size > 0 and bool(np.all(v.data == value))
+    """``v`` surely holds ``value`` everywhere: a constant, or a zeros_like/ones_like (autodiff's zero gradients)."""
+    if v.kind == CONST:
+        return v.data.size > 0 and bool(np.all(v.data == value))
+    n = _made(v)
+    return n is not None and _FILLS.get(n.op.name) == value
 
 
 def _within(inner: Sequence, outer: Sequence) -> bool:
