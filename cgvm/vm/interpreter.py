@@ -10,7 +10,7 @@ instruction re-raises with the program counter, its disassembly and the node's s
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from ..backend.threads import ensure_configured
 from ..errors import CgvmError, ExecutionError, InputError
@@ -148,23 +148,27 @@ class Executable:
         """Parameter slot -> the recyclable output slot whose kernel may overwrite that parameter.
 
         An update ``w' = f(w, ...)`` may be written into ``w``'s own array when ``f``'s op declares
-        that input in-place and its instruction is the last to read ``w`` or any view of it, and
-        no output is ``w`` or a view of it. (Whether the array is private to the workspace is
-        checked on each call: see threaded.lower.)
+        that input in-place, its instruction is the last to read ``w`` or anything that may alias
+        it and reads no such alias besides, and no output may alias ``w``. Aliases are the results
+        of view ops and of ops that hand back arrays of their own choosing (scan carries, cond
+        branches). Whether the array is private to the workspace is checked on each call (see
+        threaded.lower).
         """
-        param_of = {s: s for _, s in prog.param_slots}   # slot -> the parameter slot it views
+        params = {s for _, s in prog.param_slots}
+        aliased: Dict[int, Set[int]] = {s: {s} for s in params}   # slot -> parameters it may alias
         last_read: Dict[int, int] = {}
         for pc, ins in enumerate(prog.instrs):
             if ins.opcode != CALL:
                 continue
-            for a in ins.args:
-                if a in param_of:
-                    last_read[param_of[a]] = pc
-            if prog.nodes[ins.node].op.view and ins.args and ins.args[0] in param_of:
+            read = set().union(*(aliased.get(a, ()) for a in ins.args))
+            for p in read:
+                last_read[p] = pc
+            op = prog.nodes[ins.node].op
+            if read and (op.view or not op.writes_out):
                 for r in ins.results:
-                    param_of[r] = param_of[ins.args[0]]
+                    aliased[r] = read
         outputs = list(prog.output_slots)
-        exposed = {param_of[s] for s in outputs if s in param_of}
+        exposed = set().union(*(aliased.get(s, ()) for s in outputs))
         producer = {ins.results[0]: pc for pc, ins in enumerate(prog.instrs)
                     if ins.opcode == CALL and len(ins.results) == 1}
         found: Dict[int, int] = {}
@@ -176,8 +180,8 @@ class Executable:
             ins = prog.instrs[pc]
             for i, o in prog.nodes[ins.node].op.inplace:
                 s = ins.args[i] if i < len(ins.args) else None
-                if (o == 0 and param_of.get(s) == s and s not in exposed and s not in found
-                        and last_read.get(s) == pc and ins.args.count(s) == 1):
+                if (o == 0 and s in params and s not in exposed and s not in found and last_read.get(s) == pc
+                        and sum(s in aliased.get(a, ()) for a in ins.args) == 1):
                     found[s] = out
                     break
         return found

@@ -227,3 +227,17 @@ def test_a_parameter_read_after_its_update_keeps_its_old_value_there(order):
         f(av, bv)
         np.testing.assert_allclose(ws["v"], v0 + 2.0 * w0, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(ws["w"], w0 - 0.1 * av.T @ bv, rtol=1e-4, atol=1e-5)
+
+
+def test_an_update_reading_a_view_of_its_parameter_is_not_done_in_place():
+    ws = cgvm.Workspace()
+    ws["w"] = RNG.standard_normal((40, 40)).astype(np.float32)
+    b = input_value(TensorType((40, 40), "float32"), "b")
+    w = param_value("w", TensorType((40, 40)))
+    f = cgvm.compile([b], [], workspace=ws, updates={w: E.sub(w, E.mul(L.matmul(S.transpose(w), b), 0.1))})
+    assert [n.op.name for n in f.graph.nodes if n.op.name == "gemm"] == ["gemm"]
+    bv = RNG.standard_normal((40, 40)).astype(np.float32)
+    for _ in range(3):
+        w0 = ws["w"].copy()
+        f(bv)
+        np.testing.assert_allclose(ws["w"], w0 - 0.1 * w0.T @ bv, rtol=1e-4, atol=1e-5)

@@ -66,6 +66,19 @@ def test_identity_constants_that_widen_or_retype_stay():
     check_same(f, bare, randn(3), np.arange(3, dtype=np.int32))
 
 
+def test_zeros_like_and_ones_like_are_identity_elements():
+    x = input_value(TensorType((4, 3)), "x")
+    w = input_value(TensorType((4, 3)), "w")
+    y = E.tanh(E.mul(E.add(S.zeros_like(w), x), S.ones_like(w)))        # autodiff's zero gradient + x
+    f, bare = pair([x, w], y)
+    assert ops(f) == ["tanh"]
+    check_same(f, bare, randn(4, 3), randn(4, 3))
+    big = input_value(TensorType((2, 4, 3)), "big")
+    f, bare = pair([x, big], E.add(S.zeros_like(big), x))    # the zeros widen x: the add stays
+    assert "add" in ops(f)
+    check_same(f, bare, randn(4, 3), randn(2, 4, 3))
+
+
 def test_sum_to_like_its_own_static_shape_vanishes():
     x = input_value(TensorType((4, 3)), "x")
     like = input_value(TensorType((4, 3)), "like")
