@@ -1,24 +1,28 @@
-"""Accumulating products: ``beta * c + alpha * (a @ b)`` as one ``gemm`` that adds into ``c``.
+"""Accumulating products: ``beta * c + alpha * (a @ b)`` as one ``gemm_accumulate`` adding into ``c``.
 
-An SGD step ``w - lr * (x.T @ g)``, a momentum update ``mu * v + lr * (x.T @ g)`` or a residual
-``c + a @ b`` reads a product once, to add it to a matrix of the product's shape. As one gemm,
+An SGD step ``w - lr * (x.T @ g)``, a momentum update ``mu * v - lr * (x.T @ g)`` or a residual
+``c + a @ b`` reads a product once, to add it to a matrix of the product's shape. As one op,
 the product is added while BLAS writes it (Theano's gemm rewrite): no temporary and no second
-pass (see cgvm.ops.blas). Matched, for matrices of one float dtype and equal static shapes:
+pass (see cgvm.ops.blas). Matched, for 2-D float operands of one dtype:
 
     add(C, P), add(P, C), sub(C, P), sub(P, C)
     P = matmul(a, b) | mul(matmul(a, b), s) | mul(s, matmul(a, b))      (alpha from s and the sign)
     C = c | mul(c, t) | mul(t, c)                                        (beta from t and the sign)
 
-with ``s`` and ``t`` scalar constants, and every intermediate read by the pattern alone. The
-gemm may overwrite ``c`` where ``c`` dies there (the memory planner decides).
+with ``t`` a scalar constant, ``s`` a scalar constant or a scalar value (a learning rate that
+is an input or a parameter), ``c`` of the product's static shape, and every intermediate read
+by the pattern alone. Unknown dimensions may still differ at run time; ``gemm_accumulate``
+broadcasts c and the product against each other as the add did, and adds through BLAS when the
+shapes agree. It may overwrite ``c`` where ``c`` dies there (the memory planner decides), and a
+parameter's own array on an update (the VM decides: see Executable._updates_in_place).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional
 
 from ..ir.builder import apply
 from ..ir.graph import CONST, Graph, Node, Value
-from ..ops import linalg as la
+from ..ops import fused as F
 from ..ops.registry import SHAPE_ONLY_INPUTS
 from .fuse import fused_source
 from .rewrite import rewrite
@@ -45,63 +49,71 @@ class _Readers:
         return v.node is not None and id(v) not in self.outputs and self.count.get(id(v), 0) == 1
 
 
-def _scaled(v: Value, readers: _Readers) -> Tuple[Value, float, List[Node]]:
-    """``v`` as ``scale * base`` (a mul by a scalar constant that only this pattern reads), or ``1 * v``."""
+class _Term(NamedTuple):
+    base: Value                 # the value scaled
+    factor: float               # a constant factor
+    scale: Optional[Value]      # a scalar value the term is also multiplied by (a learning rate input)
+    swallowed: List[Node]
+
+
+def _term(v: Value, readers: _Readers, symbolic: bool) -> _Term:
+    """``v`` as ``factor [* scale] * base``, through a mul by a scalar that only this pattern reads."""
     node = v.node
     if node is not None and node.op.name == "mul" and readers.private(v):
         for k in (0, 1):
-            s = _scalar_constant(node.inputs[k])
-            if s is not None:
-                return node.inputs[1 - k], s, [node]
-    return v, 1.0, []
+            s, other = node.inputs[k], node.inputs[1 - k]
+            factor = _scalar_constant(s)
+            if factor is not None:
+                return _Term(other, factor, None, [node])
+            if symbolic and s.ndim == 0 and s.dtype is v.dtype and other.ndim == 2:
+                return _Term(other, 1.0, s, [node])
+    return _Term(v, 1.0, None, [])
 
 
-def _product(v: Value, readers: _Readers) -> Optional[Tuple[Node, float, List[Node]]]:
-    """``v`` as ``alpha * (a @ b)`` with a, b matrices: the matmul node, alpha, the nodes swallowed."""
-    base, alpha, swallowed = _scaled(v, readers)
-    node = base.node
-    if node is None or node.op.name != "matmul" or not readers.private(base):
-        return None
-    a, b = node.inputs
-    if a.ndim != 2 or b.ndim != 2:
-        return None
-    return node, alpha, swallowed + [node]
+class _Accumulation(NamedTuple):
+    matmul: Node
+    c: Value
+    alpha: float
+    beta: float
+    scale: Optional[Value]
+    swallowed: List[Node]
 
 
-def _accumulation(node: Node, readers: _Readers) -> Optional[Tuple[Node, Value, float, float, List[Node]]]:
-    """``node`` as ``beta * c + alpha * (a @ b)``: (matmul, c, alpha, beta, swallowed nodes)."""
+def _accumulation(node: Node, readers: _Readers) -> Optional[_Accumulation]:
+    """``node`` as ``beta * c + alpha [* scale] * (a @ b)``."""
     if node.op.name not in ("add", "sub") or len(node.outputs) != 1:
         return None
     z = node.outputs[0]
-    if z.ndim != 2 or None in z.shape or z.dtype.name not in _FLOATS:
+    if z.ndim != 2 or z.dtype.name not in _FLOATS:
         return None
     for k in (1, 0):   # the product is usually the second operand (w - lr * g)
-        hit = _product(node.inputs[k], readers)
-        if hit is None:
+        p = _term(node.inputs[k], readers, symbolic=True)
+        mm = p.base.node
+        if mm is None or mm.op.name != "matmul" or not readers.private(p.base):
             continue
-        matmul, alpha, swallowed = hit
-        c, beta, c_nodes = _scaled(node.inputs[1 - k], readers)
-        if matmul.outputs[0].shape != z.shape or c.shape != z.shape or c.dtype is not z.dtype \
-                or matmul.outputs[0].dtype is not z.dtype:
+        c = _term(node.inputs[1 - k], readers, symbolic=False)
+        product = mm.outputs[0]
+        if not (mm.inputs[0].ndim == mm.inputs[1].ndim == 2 and c.base.shape == product.shape
+                and c.base.dtype is product.dtype is z.dtype):
             continue
+        alpha, beta = p.factor, c.factor
         if node.op.name == "sub":
             if k == 1:
                 alpha = -alpha
             else:
                 beta = -beta
-        return matmul, c, alpha, beta, swallowed + c_nodes
+        return _Accumulation(mm, c.base, alpha, beta, p.scale, p.swallowed + [mm] + c.swallowed)
     return None
 
 
 def fuse_accumulations(graph: Graph) -> Graph:
-    """``beta * c + alpha * (a @ b)`` -> ``gemm(a, b, c, alpha=alpha, beta=beta)``."""
+    """``beta * c + alpha [* scale] * (a @ b)`` -> ``gemm_accumulate(a, b, c[, scale], alpha, beta)``."""
     if not any(n.op.name == "matmul" for n in graph.nodes):
         return graph
     readers = _Readers(graph)
     found = {id(n): hit for n in graph.nodes for hit in [_accumulation(n, readers)] if hit is not None}
     if not found:
         return graph
-
     rebuilt: Dict[int, Value] = {}   # old value -> its rebuilt version, for inputs of swallowed nodes
 
     def rule(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
@@ -111,9 +123,10 @@ def fuse_accumulations(graph: Graph) -> Graph:
         hit = found.get(id(node))
         if hit is None:
             return None
-        matmul, c, alpha, beta, swallowed = hit
-        a, b, c = (rebuilt.get(id(v), v) for v in (*matmul.inputs, c))
-        return [apply(la.gemm, [a, b, c], {"alpha": alpha, "beta": beta},
-                      name=node.name, source=fused_source(swallowed + [node]))]
+        args = [rebuilt.get(id(v), v) for v in (*hit.matmul.inputs, hit.c)]
+        if hit.scale is not None:
+            args.append(rebuilt.get(id(hit.scale), hit.scale))
+        return [apply(F.gemm_accumulate, args, {"alpha": hit.alpha, "beta": hit.beta},
+                      name=node.name, source=fused_source(hit.swallowed + [node]))]
 
     return rewrite(graph, rule)

@@ -20,6 +20,9 @@ Input 0 is read by the first step only, so the output may overwrite it (``inplac
 ``shape_from_first`` says the first step's result already has the output's shape (the compiler
 proved it), so a kernel without a planned buffer allocates by running that step.
 
+``gemm_accumulate(a, b, c[, scale], alpha=..., beta=...)`` is ``beta * c + alpha [* scale] * a @ b``,
+added into c's values by BLAS (see cgvm.compiler.accumulate).
+
 ``gemm_bias_act(a, b, bias, act=..., trans_a=..., trans_b=...)`` is ``act(op(a) @ op(b) + bias)``
 and ``conv_bias_act(x, w[, b], act=..., <conv attributes>)`` is ``act(conv(x, w, b))``: the
 product or convolution is written into the output buffer, the bias added and the activation
@@ -35,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import ShapeError
-from ..ir.attrs import Any_, Bool, DTypeAttr, Str
+from ..ir.attrs import Any_, Bool, DTypeAttr, Float, Str
 from ..ir.types import DType, TensorType, result_dtype
 from . import conv as cv
 from .conv_geometry import ConvGeometry
@@ -417,6 +420,31 @@ def _(xp, act, trans_a, trans_b):
         y = xp.matmul(a.T if trans_a else a, b.T if trans_b else b, out=out)
         xp.add(y, bias, out=y)
         return apply_activation(xp, act, y)
+    return kernel
+
+
+# --------------------------------------------------------------------------- accumulating products
+
+def _gemm_accumulate_infer(types, alpha, beta):
+    a, b, c = types[:3]
+    product = la.gemm.infer([a, b], {"trans_a": False, "trans_b": False, "alpha": 1.0, "beta": 1.0})[0]
+    if len(types) == 4 and types[3].ndim != 0:
+        raise ShapeError(f"gemm_accumulate: the scale must be a scalar, got {types[3]!r}")
+    return TensorType(broadcast_shapes(product.shape, c.shape), result_dtype(product.dtype, c.dtype))
+
+
+gemm_accumulate = defop(
+    "gemm_accumulate", num_inputs=(3, 4), pattern=OPAQUE, infer=_gemm_accumulate_infer, inplace=((2, 0),),
+    attrs={"alpha": Float(1.0), "beta": Float(1.0)},
+    doc="beta * c + alpha [* scale] * a @ b for matrices a, b, c and the product broadcasting against each other as "
+        "in the add it replaces: a weight update w - lr * (x.T @ g) added into w's values while BLAS "
+        "writes the product (see cgvm.compiler.accumulate). c may be overwritten by the result.")
+
+
+@gemm_accumulate.kernel_factory
+def _(xp, alpha, beta):
+    def kernel(a, b, c, scale=None, out=None):
+        return la.product_plus(xp, a, b, c, alpha if scale is None else alpha * float(scale), beta, out)
     return kernel
 
 

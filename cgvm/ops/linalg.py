@@ -98,14 +98,40 @@ gemm = defop("gemm", num_inputs=(2, 3), pattern=OPAQUE, infer=_gemm_infer, inpla
                  "A c of the result's shape may be overwritten by it.")
 
 
-def _accumulator(xp: Any, c: Any, out: Any, dtype: Any) -> Any:
-    """The buffer a product is added into: ``c`` itself where the planner let it die here, else a copy."""
-    if out is c:
-        return c
-    if out is None:
-        return c.astype(dtype, copy=True)
-    xp.copyto(out, c)
-    return out
+def product_plus(xp: Any, a: Any, b: Any, c: Any, alpha: float, beta: float, out: Any = None) -> Any:
+    """``alpha * a @ b + beta * c`` for matrices a, b, with c broadcasting against the product.
+
+    Where c has the product's shape, the product is added into c's values as BLAS writes it
+    (cgvm.ops.blas): into c itself when ``out is c`` (the planner let c die here), else into a
+    copy of c. Other shapes, dtypes and backends take matmul and ufuncs.
+    """
+    if c.shape == (a.shape[0], b.shape[1]) and beta != 0.0:
+        if out is not c:
+            if out is None:
+                out = c.astype(xp.result_type(a, b, c), copy=True)
+            else:
+                xp.copyto(out, c)
+        if xp is np and blas.accumulate_product(alpha, a, b, beta, out):
+            return out
+        if beta != 1.0:
+            out *= xp.asarray(beta, dtype=out.dtype)
+        product = xp.matmul(a, b)
+        if alpha != 1.0:
+            product *= xp.asarray(alpha, dtype=product.dtype)
+        out += product
+        return out
+    scaled_c = c if beta == 1.0 else c * xp.asarray(beta, dtype=c.dtype)
+    if out is None or out.shape != (a.shape[0], b.shape[1]):   # c is wider than the product
+        product = xp.matmul(a, b)
+        if alpha != 1.0:
+            product *= xp.asarray(alpha, dtype=product.dtype)
+        return xp.add(product, scaled_c, out=out)
+    r = xp.matmul(a, b, out=out)
+    if alpha != 1.0:
+        r *= xp.asarray(alpha, dtype=r.dtype)
+    if beta != 0.0:   # as in BLAS, beta = 0 ignores c
+        r += scaled_c
+    return r
 
 
 @gemm.kernel_factory
@@ -113,23 +139,12 @@ def _(xp, trans_a, trans_b, alpha, beta):
     def kernel(a, b, c=None, out=None):
         a = a.T if trans_a else a
         b = b.T if trans_b else b
-        if c is not None and c.shape == (a.shape[0], b.shape[1]) and beta != 0.0:
-            acc = _accumulator(xp, c, out, xp.result_type(a, b, c))
-            if xp is np and blas.accumulate_product(alpha, a, b, beta, acc):
-                return acc
-            product = xp.matmul(a, b)
-            if beta != 1.0:
-                acc *= xp.asarray(beta, dtype=acc.dtype)
+        if c is None:
+            r = xp.matmul(a, b, out=out)
             if alpha != 1.0:
-                product *= xp.asarray(alpha, dtype=product.dtype)
-            acc += product
-            return acc
-        r = xp.matmul(a, b, out=out)
-        if alpha != 1.0:
-            r *= xp.asarray(alpha, dtype=r.dtype)
-        if c is not None and beta != 0.0:   # as in BLAS, beta = 0 ignores c
-            r += c if beta == 1.0 else c * xp.asarray(beta, dtype=c.dtype)
-        return r
+                r *= xp.asarray(alpha, dtype=r.dtype)
+            return r
+        return product_plus(xp, a, b, c, alpha, beta, out)
     return kernel
 
 

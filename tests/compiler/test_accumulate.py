@@ -1,4 +1,4 @@
-"""Accumulating products: ``beta * c + alpha * (a @ b)`` as one gemm adding into ``c``.
+"""Accumulating products: ``beta * c + alpha * (a @ b)`` as one gemm_accumulate adding into ``c``.
 
 The rewrite is checked on the IR (before/after) and on results against the unoptimized program;
 the BLAS binding against float64 NumPy products; the in-place weight update on the identity of
@@ -24,7 +24,7 @@ def _names(graph):
 
 
 def _gemm(graph):
-    (node,) = [n for n in graph.nodes if n.op.name == "gemm"]
+    (node,) = [n for n in graph.nodes if n.op.name == "gemm_accumulate"]
     return node
 
 
@@ -39,11 +39,11 @@ def _matrices(*shapes, dtype="float32"):
     (lambda c, a, b: E.sub(L.matmul(a, b), c), 1.0, -1.0),
     (lambda c, a, b: E.add(c, L.matmul(a, b)), 1.0, 1.0),
 ])
-def test_products_added_to_a_matrix_become_one_gemm(build, alpha, beta):
+def test_products_added_to_a_matrix_become_one_op(build, alpha, beta):
     c, a, b = _matrices((6, 5), (6, 7), (7, 5))
     graph = Graph([c, a, b], [build(c, a, b)])
     fused = fuse_accumulations(graph)
-    assert _names(fused) == ["gemm"]
+    assert _names(fused) == ["gemm_accumulate"]
     node = _gemm(fused)
     assert node.attrs["alpha"] == pytest.approx(alpha) and node.attrs["beta"] == pytest.approx(beta)
     assert [v.name for v in node.inputs] == ["m1", "m2", "m0"]
@@ -53,19 +53,43 @@ def test_products_added_to_a_matrix_become_one_gemm(build, alpha, beta):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_no_rewrite_when_the_product_is_read_elsewhere_or_broadcast():
+def test_what_is_not_rewritten():
     c, a, b, bias = _matrices((6, 5), (6, 7), (7, 5), (5,))
     p = L.matmul(a, b)
     shared = Graph([c, a, b], [E.sub(c, p), E.mul(p, 2.0)])     # the product has a second reader
-    assert "gemm" not in _names(fuse_accumulations(shared))
-    broadcast = Graph([a, b, bias], [E.add(L.matmul(a, b), bias)])   # a bias, not an accumulator
-    assert "gemm" not in _names(fuse_accumulations(broadcast))
-    scale = input_value(TensorType((), "float32"), "lr")
-    symbolic = Graph([c, a, b, scale], [E.sub(c, E.mul(L.matmul(a, b), scale))])   # alpha not a constant
-    assert "gemm" not in _names(fuse_accumulations(symbolic))
+    assert "gemm_accumulate" not in _names(fuse_accumulations(shared))
+    broadcast = Graph([a, b, bias], [E.add(L.matmul(a, b), bias)])   # a bias: gemm_bias_act's business
+    assert "gemm_accumulate" not in _names(fuse_accumulations(broadcast))
+    t = input_value(TensorType((), "float32"), "t")
+    momentum = fuse_accumulations(Graph([c, a, b, t], [E.add(E.mul(c, t), L.matmul(a, b))]))
+    assert _names(momentum) == ["mul", "gemm_accumulate"]    # beta is a constant: c * t is the accumulator
+    assert _gemm(momentum).attrs["beta"] == 1.0
     batched = _matrices((2, 6, 5), (2, 6, 7), (2, 7, 5))
     stacked = Graph(batched, [E.add(batched[0], L.matmul(batched[1], batched[2]))])
-    assert "gemm" not in _names(fuse_accumulations(stacked))
+    assert "gemm_accumulate" not in _names(fuse_accumulations(stacked))
+
+
+def test_a_learning_rate_value_scales_the_product():
+    c, a, b = _matrices((6, 5), (6, 7), (7, 5))
+    lr = input_value(TensorType((), "float32"), "lr")
+    update = E.sub(E.mul(c, 0.9), E.mul(lr, L.matmul(a, b)))        # Keras momentum: mu * m - lr * g
+    fused = fuse_accumulations(Graph([c, a, b, lr], [update]))
+    node = _gemm(fused)
+    assert node.attrs["alpha"] == -1.0 and node.attrs["beta"] == pytest.approx(0.9)
+    assert [v.name for v in node.inputs] == ["m1", "m2", "m0", "lr"]
+    args = [RNG.standard_normal(v.shape).astype(np.float32) for v in (c, a, b)] + [np.float32(0.05)]
+    want = cgvm.compile([c, a, b, lr], update, passes=[])(*args)
+    np.testing.assert_allclose(cgvm.compile([c, a, b, lr], update)(*args), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows_c, rows_a", [(6, 6), (1, 6), (6, 1)])
+def test_unknown_shapes_broadcast_at_run_time_as_the_add_did(rows_c, rows_a):
+    c, a, b = _matrices((None, None), (None, 7), (7, None))     # Theano's shared variables: no static shape
+    update = E.sub(c, E.mul(L.matmul(a, b), 0.5))
+    f = cgvm.compile([c, a, b], update)
+    assert "gemm_accumulate" in [n.op.name for n in f.graph.nodes]
+    cv, av, bv = (RNG.standard_normal(s).astype(np.float32) for s in ((rows_c, 5), (rows_a, 7), (7, 5)))
+    np.testing.assert_allclose(f(cv, av, bv), cv - 0.5 * (av @ bv), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -101,24 +125,30 @@ def test_blas_accumulation_copies_strided_operands_and_declines_what_it_cannot_d
 
 
 @pytest.mark.parametrize("use_blas", [True, False])
-def test_gemm_kernel_accumulates_into_c_or_a_copy(monkeypatch, use_blas):
+def test_product_plus_accumulates_into_c_or_a_copy(monkeypatch, use_blas):
     if not use_blas:
         monkeypatch.setattr(blas, "accumulate_product", lambda *args: False)
-    kernel = L.gemm.bind(np, {"trans_a": True, "trans_b": False, "alpha": -0.5, "beta": 2.0})
-    a = RNG.standard_normal((120, 100)).astype(np.float32)
+    a = RNG.standard_normal((120, 100)).astype(np.float32).T    # Fortran-ordered, as a transposed operand
     b = RNG.standard_normal((120, 110)).astype(np.float32)
     c = RNG.standard_normal((100, 110)).astype(np.float32)
-    want = -0.5 * (a.T.astype(np.float64) @ b) + 2.0 * c
+    want = -0.5 * (a.astype(np.float64) @ b) + 2.0 * c
     kept = c.copy()
     out = np.empty_like(c)
-    assert kernel(a, b, c, out=out) is out
+    assert L.product_plus(np, a, b, c, -0.5, 2.0, out) is out
     np.testing.assert_array_equal(c, kept)                       # c untouched when the result goes elsewhere
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4)
-    fresh = kernel(a, b, c)
-    np.testing.assert_allclose(fresh, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(L.product_plus(np, a, b, c, -0.5, 2.0), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(c, kept)
-    assert kernel(a, b, c, out=c) is c                           # planned in place: c dies here
+    assert L.product_plus(np, a, b, c, -0.5, 2.0, c) is c        # planned in place: c dies here
     np.testing.assert_allclose(c, want, rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_keeps_broadcasting_its_bias():
+    kernel = L.gemm.bind(np, {"trans_a": False, "trans_b": True, "alpha": 2.0, "beta": 0.5})
+    a, b, bias = (RNG.standard_normal(s).astype(np.float32) for s in ((30, 20), (40, 20), (40,)))
+    np.testing.assert_allclose(kernel(a, b, bias), 2.0 * a @ b.T + 0.5 * bias, rtol=1e-5, atol=1e-5)
+    full = RNG.standard_normal((30, 40)).astype(np.float32)
+    np.testing.assert_allclose(kernel(a, b, full), 2.0 * a @ b.T + 0.5 * full, rtol=1e-5, atol=1e-5)
 
 
 def _mlp_step(ws, lr=0.05):
@@ -159,7 +189,7 @@ def test_sgd_updates_write_into_the_parameters_own_arrays():
     w1, w2 = (RNG.standard_normal((40, 30)) * 0.2).astype(np.float32), (RNG.standard_normal((30, 5)) * 0.2).astype(np.float32)
     ws["w1"], ws["w2"] = w1.copy(), w2.copy()
     step = _mlp_step(ws)
-    assert sum(n.op.name == "gemm" for n in step.graph.nodes) == 2
+    assert sum(n.op.name == "gemm_accumulate" for n in step.graph.nodes) == 2
     x, y = _data()
     step(x, y)                     # the first call binds fresh arrays; from then on they are updated in place
     a1, a2 = id(ws["w1"]), id(ws["w2"])
@@ -235,7 +265,7 @@ def test_an_update_reading_a_view_of_its_parameter_is_not_done_in_place():
     b = input_value(TensorType((40, 40), "float32"), "b")
     w = param_value("w", TensorType((40, 40)))
     f = cgvm.compile([b], [], workspace=ws, updates={w: E.sub(w, E.mul(L.matmul(S.transpose(w), b), 0.1))})
-    assert [n.op.name for n in f.graph.nodes if n.op.name == "gemm"] == ["gemm"]
+    assert [n.op.name for n in f.graph.nodes if n.op.name == "gemm_accumulate"] == ["gemm_accumulate"]
     bv = RNG.standard_normal((40, 40)).astype(np.float32)
     for _ in range(3):
         w0 = ws["w"].copy()
