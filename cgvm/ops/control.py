@@ -96,19 +96,21 @@ scan = defop("scan", num_inputs=(0, None), num_outputs=_scan_outputs, pattern=OP
 
 
 def _steady_loop(n_seqs: int, n_carry: int, n_nonseq: int, kept: Sequence[int], go_backwards: bool,
-                 has_until: bool):
+                 has_until: bool, unread_seqs: Sequence[int] = ()):
     """The loop over steps t0..active-1 once the step's shapes are fixed, generated as straight-line
     Python for this scan's arity (no per-step lists, zips or slicing comprehensions):
-    ``loop(step, seqs, carries, nonseqs, stacks, t0, active, steps) -> (carries, stopped_after, last_t)``."""
+    ``loop(step, seqs, carries, nonseqs, stacks, t0, active, steps) -> (carries, stopped_after, last_t)``.
+    Sequences the body never reads (they still count the steps) are passed as None, not indexed."""
     seq, car, par, stk = ([f"{p}{k}" for k in range(n)] for p, n in
                           (("s", n_seqs), ("c", n_carry), ("p", n_nonseq), ("st", len(kept))))
     lines = ["def loop(step, seqs, carries, nonseqs, stacks, t0, active, steps):"]
     for names, src in ((seq, "seqs"), (car, "carries"), (par, "nonseqs"), (stk, "stacks")):
         if names:
             lines.append(f"    {', '.join(names)}, = {src}")
+    step_seqs = ["None" if k in unread_seqs else f"{s}[i]" for k, s in enumerate(seq)]
     lines += ["    t = t0 - 1", "    for t in range(t0, active):",
               f"        i = {'steps - 1 - t' if go_backwards else 't'}",
-              f"        r = step({', '.join([f'{s}[i]' for s in seq] + car + par)})"]
+              f"        r = step({', '.join(step_seqs + car + par)})"]
     lines += [f"        {st}[t] = r[{k}]" for st, k in zip(stk, kept)]
     if car:
         lines.append(f"        {', '.join(car)}, = r[:{n_carry}]")
@@ -137,7 +139,10 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         spare[j] = aligned_empty(xp, shape, dtype)
         return spare[j]
 
-    steady = _steady_loop(n_seqs, n_carry, len(body.inputs) - n_seqs - n_carry, kept, go_backwards, has_until)
+    read = {id(v) for n in body.nodes for v in n.inputs} | {id(v) for v in body.outputs}
+    unread_seqs = [k for k, v in enumerate(body.inputs[:n_seqs]) if id(v) not in read]
+    steady = _steady_loop(n_seqs, n_carry, len(body.inputs) - n_seqs - n_carry, kept, go_backwards, has_until,
+                          unread_seqs)
     # non-sequences a GEMM reads on every step: made cache-line aligned once per call
     gemm_read = {id(v) for n in body.nodes if n.op.name in GEMM_OPS for v in n.inputs}
     realign = [k for k, v in enumerate(body.inputs[n_seqs + n_carry:]) if id(v) in gemm_read]
