@@ -122,6 +122,21 @@ def test_scan_n_steps_without_sequences():
     np.testing.assert_allclose(st, [[2, -2], [4, -4], [8, -8]])
 
 
+@pytest.mark.parametrize("backwards", [False, True])
+def test_a_sequence_the_body_never_reads_still_counts_the_steps(backwards):
+    xt, unread, h = vec("xt"), vec("unread"), vec("h")
+    body = Graph([xt, unread, h], [E.add(h, xt)], name="sum")
+    X, Z = input_value(TensorType((None, 3), F64), "X"), input_value(TensorType((None, 3), F64), "Z")
+    H0 = vec("H0")
+    final, stack = C.scan(X, Z, H0, body=body, n_seqs=2, n_carry=1, go_backwards=backwards)
+    f = cgvm.compile([X, Z, H0], [final, stack])
+    xv = np.arange(18.0).reshape(6, 3)
+    fin, st = f(xv, np.zeros((4, 3)), np.zeros(3))           # the unread sequence is the shorter: 4 steps
+    rows = xv[:4][::-1] if backwards else xv[:4]
+    np.testing.assert_allclose(st, np.cumsum(rows, axis=0))
+    np.testing.assert_allclose(fin, rows.sum(0))
+
+
 def test_scan_rejects_mismatched_body():
     X = input_value(TensorType((None, 3), F64), "X")
     with pytest.raises(ShapeError, match="test_control.py"):
