@@ -18,6 +18,7 @@ from .compiler import generate, infer_slot_types, plan_memory, run_passes
 from .compiler.specialize import specialize
 from .compiler.recompute import optimize_and_recompute
 from .errors import InputError
+from .ops.scratch import REFS_HELD_ONCE
 from .ir.graph import PARAM, Graph, Value
 from .vm.bytecode import dis
 from .vm.interpreter import Executable
@@ -143,7 +144,8 @@ class Function:
         old = data.get(name)
         self.workspace.set(name, new)
         if bin and bin[k] is not False:
-            reusable = (old is not None and old is not new and sys.getrefcount(old) == 2 and old.base is None
+            reusable = (old is not None and old is not new and sys.getrefcount(old) == REFS_HELD_ONCE - 1
+                        and old.base is None
                         and old.shape == new.shape and old.dtype == new.dtype and old.flags.c_contiguous
                         and old.flags.writeable)
             bin[k] = old if reusable else None

@@ -28,7 +28,7 @@ from ..ir.types import TensorType
 from . import elementwise as ew
 from . import shape as shp
 from .registry import GEMM_OPS, INJECTIVE, OPAQUE, defop, subgraph_gradients
-from .scratch import aligned, aligned_empty
+from .scratch import REFS_HELD_ONCE, aligned, aligned_empty
 
 
 def _split(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:
@@ -134,7 +134,7 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         # a fresh multi-MiB array costs a page fault per 4 KiB on every call; the previous call's
         # stack is reused when only this list refers to it (no output, view or user holds it)
         old = spare[j]
-        if old is not None and old.shape == shape and old.dtype == dtype and sys.getrefcount(old) == 2:
+        if old is not None and old.shape == shape and old.dtype == dtype and sys.getrefcount(old) == REFS_HELD_ONCE:
             return old
         spare[j] = aligned_empty(xp, shape, dtype)
         return spare[j]

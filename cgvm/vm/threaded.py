@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..ops.scratch import REFS_HELD_ONCE
 from .bytecode import CALL, FREE, Program
 
 
@@ -43,8 +44,7 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
         line_pc[len(lines) + 1] = -1 - s  # a failing read names the parameter
         lines.append(f"    s{s} = _data[n{s}]")
         if in_place and s in in_place:
-            # three references: the workspace's dict, this local and getrefcount's argument
-            lines.append(f"    if _refs(s{s}) == 3 and s{s}.base is None and s{s}.flags.writeable: "
+            lines.append(f"    if _refs(s{s}) == {REFS_HELD_ONCE} and s{s}.base is None and s{s}.flags.writeable: "
                          f"_bin[{in_place[s]}] = s{s}")
     for s, arr in consts.items():
         env[f"c{s}"] = arr

@@ -137,6 +137,25 @@ def test_a_sequence_the_body_never_reads_still_counts_the_steps(backwards):
     np.testing.assert_allclose(fin, rows.sum(0))
 
 
+def test_a_stack_nobody_holds_is_reused_by_the_next_call_and_a_held_one_never():
+    import weakref
+
+    X, H0, W, U = symbolic()
+    _, stack, _ = C.scan(X, H0, W, U, body=rnn_body(), n_seqs=1, n_carry=1)
+    kernel = stack.node.op.bind(np, stack.node.attrs, None, cgvm.compiled.SubgraphRuntime(cgvm.Workspace()))
+    args = rnn_inputs(steps=50)
+    first = kernel(*args)[1]
+    kept = first.copy()
+    second = kernel(*args)[1]                   # the first stack is still held: a new one
+    assert second is not first
+    np.testing.assert_array_equal(first, kept)
+    gone = weakref.ref(second)
+    del second
+    third = kernel(*args)[1]                    # nobody held the second: its memory comes back
+    assert third is gone()
+    np.testing.assert_allclose(third, rnn_reference(*args)[1])
+
+
 def test_scan_rejects_mismatched_body():
     X = input_value(TensorType((None, 3), F64), "X")
     with pytest.raises(ShapeError, match="test_control.py"):
