@@ -132,10 +132,13 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
 
     def new_stack(j: int, shape: tuple, dtype: Any) -> Any:
         # a fresh multi-MiB array costs a page fault per 4 KiB on every call; the previous call's
-        # stack is reused when only this list refers to it (no output, view or user holds it)
+        # stack is reused when only this list refers to it and only it refers to its memory (no
+        # output, view or user holds either: NumPy points a view of a view at the memory's owner)
         old = spare[j]
         if old is not None and old.shape == shape and old.dtype == dtype and sys.getrefcount(old) == REFS_HELD_ONCE:
-            return old
+            owner = old.base
+            if owner is None or sys.getrefcount(owner) == REFS_HELD_ONCE:
+                return old
         spare[j] = aligned_empty(xp, shape, dtype)
         return spare[j]
 
