@@ -185,8 +185,8 @@ def _separable_pool(xp: Any, x: Any, geo: PoolGeometry, out_sizes: Tuple[int, ..
     2x2 or 1-D windows all offsets at once is no more work.
     """
     in_sizes = tuple(x.shape[2:])
-    if tiled.tiles_exactly(geo, in_sizes):
-        return tiled.pool_2d(xp, x, geo, target, combine)
+    if len(in_sizes) == 2 and tiled.tiles(geo, in_sizes):   # floor mode drops an untiled rest
+        return tiled.pool_2d(xp, tiled.cropped(xp, x, geo), geo, target, combine)
     planes = x.reshape((-1,) + in_sizes)
     result = target if target.flags.c_contiguous else xp.empty(target.shape, dtype=target.dtype)
     flat_out = result.reshape((-1,) + out_sizes)
@@ -318,7 +318,7 @@ max_pool_grad = defop("max_pool_grad", num_inputs=(2, 3), pattern=OPAQUE, attrs=
 @max_pool_grad.kernel
 def _(xp, x, g, y=None, *, kernel, stride, pad, ceil_mode, out=None):
     geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
-    if tiled.tiles_exactly(geo, x.shape[2:]) and tuple(geo.kernel) == (2, 2):
+    if x.ndim == 4 and tiled.tiles(geo, x.shape[2:]) and tuple(geo.kernel) == (2, 2):
         return tiled.max_grad_2x2(xp, x, g, y, out)
     if tiled.tiles(geo, x.shape[2:]):
         return tiled.max_grad(xp, x, g, geo, out, y)

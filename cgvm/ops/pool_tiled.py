@@ -29,11 +29,6 @@ def tiles(geo: Any, in_sizes: Sequence[int]) -> bool:
             and all(n % k == 0 or not geo.ceil_mode for n, k in zip(in_sizes, geo.kernel)))
 
 
-def tiles_exactly(geo: Any, in_sizes: Sequence[int]) -> bool:
-    """2-D windows that tile the input with nothing left over: the layouts below apply."""
-    return len(in_sizes) == 2 and tiles(geo, in_sizes) and all(n % k == 0 for n, k in zip(in_sizes, geo.kernel))
-
-
 def pool_2d(xp: Any, x: Any, geo: Any, target: Any, combine: Any) -> Any:
     """Window max (combine = maximum) or sum (add) of x (N, C, H, W) into target (N, C, OH, OW),
     for windows that tile x exactly: columns first (long runs), then rows."""
@@ -66,7 +61,27 @@ def pool_2d(xp: Any, x: Any, geo: Any, target: Any, combine: Any) -> Any:
     return target
 
 
+def cropped(xp: Any, x: Any, geo: Any) -> Any:
+    """The part of x (N, C, H, W) that floor-mode windows tile, contiguous (x itself when exact)."""
+    h, w = (n - n % k for n, k in zip(x.shape[2:], geo.kernel))
+    return x if (h, w) == tuple(x.shape[2:]) else xp.ascontiguousarray(x[:, :, :h, :w])
+
+
 def max_grad_2x2(xp: Any, x: Any, g: Any, pooled: Optional[Any], out: Optional[Any]) -> Any:
+    """max_pool_grad of 2x2/2 windows tiling x (in floor mode, an odd last row or column belongs to
+    no window and gets zeros): g to each window's first maximum."""
+    h, w = x.shape[2:]
+    th, tw = h - h % 2, w - w % 2
+    if (th, tw) == (h, w):
+        return _max_grad_2x2_exact(xp, x, g, pooled, out)
+    target = out if out is not None else xp.empty(x.shape, dtype=g.dtype)
+    target[:, :, :th, :tw] = _max_grad_2x2_exact(xp, xp.ascontiguousarray(x[:, :, :th, :tw]), g, pooled, None)
+    target[:, :, th:] = 0
+    target[:, :, :th, tw:] = 0
+    return target
+
+
+def _max_grad_2x2_exact(xp: Any, x: Any, g: Any, pooled: Optional[Any], out: Optional[Any]) -> Any:
     """max_pool_grad of 2x2/2 windows tiling x exactly: g to each window's first maximum.
 
     Stage 1 compares the two columns of every window row (one long run each): the row maxima, and
