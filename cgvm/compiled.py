@@ -161,8 +161,9 @@ class Function:
         return arr
 
     def dis(self) -> str:
+        """The program of the last input signature run, with its memory plan (else the generic program)."""
         frames = list(self.executable.frames.values())
-        return dis(self.program, frames[-1].plan if frames else None)
+        return dis(frames[-1].program, frames[-1].plan) if frames else dis(self.program, None)
 
     def memory_plans(self) -> Dict[Any, Any]:
         return {k: f.plan for k, f in self.executable.frames.items()}

@@ -30,10 +30,11 @@ ENGINES = ("threaded", "loop")
 class Frame:
     """What one input signature needs: slot types, memory plan, buffers and the runnable code."""
 
-    __slots__ = ("run", "types", "plan", "buffers", "code", "line_pc", "recycle_bin")
+    __slots__ = ("run", "program", "types", "plan", "buffers", "code", "line_pc", "recycle_bin")
 
-    def __init__(self, run, types, plan, buffers, code=None, line_pc=None, recycle_bin=None):
+    def __init__(self, run, program, types, plan, buffers, code=None, line_pc=None, recycle_bin=None):
         self.run = run            # run(*inputs) -> tuple of outputs
+        self.program = program    # the program it runs: specialized for this signature
         self.types = types
         self.plan = plan
         self.buffers = buffers
@@ -133,9 +134,9 @@ class Executable:
                                  self.backend.xp.asarray, self.workspace._data,
                                  lambda exc, lp: self._threaded_error(exc, lp, prog), recycled, recycle_bin,
                                  in_place)
-            return Frame(run, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
+            return Frame(run, prog, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
         code = self._lower_loop(prog, views, kernels)
-        return Frame(self._loop_runner(prog, code, scalar_outputs), types, plan, buffers, code=code)
+        return Frame(self._loop_runner(prog, code, scalar_outputs), prog, types, plan, buffers, code=code)
 
     def _kernels_with_scratch(self, prog: Program, plan: Any, buffers: List[Any]) -> Dict[int, Callable]:
         """pc -> kernel, with its planned scratch block bound as ``scratch=`` where the plan gives one."""

@@ -183,3 +183,13 @@ def test_a_held_parameter_array_is_never_overwritten():
         step(xv)
     for k, old in enumerate(history):
         np.testing.assert_allclose(old, 0.9 ** k)  # each kept array still has its own step's value
+
+
+def test_dis_shows_the_program_specialized_for_the_last_signature():
+    x = input_value(TensorType((None, 3), "float32"), "x")
+    like = input_value(TensorType((None, 3), "float32"), "like")
+    f = cgvm.compile([x, like], E.tanh(R.sum_to_like(E.mul(x, 2.0), like)))
+    assert "sum_to_like" in f.dis()                 # before any call: the generic program
+    f(np.ones((4, 3), np.float32), np.ones((4, 3), np.float32))
+    listing = f.dis()
+    assert "sum_to_like" not in listing and "tanh" in listing   # the same shapes: the adapter is gone
