@@ -18,7 +18,7 @@ from .compiler import generate, infer_slot_types, plan_memory, run_passes
 from .compiler.specialize import specialize
 from .compiler.recompute import optimize_and_recompute
 from .errors import InputError
-from .ops.scratch import REFS_HELD_ONCE
+from .ops.scratch import REFS_HELD_ONCE, writeable
 from .ir.graph import PARAM, Graph, Value
 from .vm.bytecode import dis
 from .vm.interpreter import Executable
@@ -147,7 +147,7 @@ class Function:
             reusable = (old is not None and old is not new and sys.getrefcount(old) == REFS_HELD_ONCE - 1
                         and old.base is None
                         and old.shape == new.shape and old.dtype == new.dtype and old.flags.c_contiguous
-                        and old.flags.writeable)
+                        and writeable(old))
             bin[k] = old if reusable else None
 
     def _convert(self, i: int, a: Any) -> Any:

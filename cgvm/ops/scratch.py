@@ -88,3 +88,8 @@ def _refs_held_once() -> int:
 #: an array read from a list or dict into a local with this count is held by that container alone
 #: (buffers are reused, and parameters updated in place, only then)
 REFS_HELD_ONCE = _refs_held_once()
+
+
+def writeable(a: Any) -> bool:
+    """Whether ``a`` may be written (NumPy's flag; CuPy arrays have no such flag and always may)."""
+    return getattr(a.flags, "writeable", True)

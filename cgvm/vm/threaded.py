@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..ops.scratch import REFS_HELD_ONCE
+from ..ops.scratch import REFS_HELD_ONCE, writeable
 from .bytecode import CALL, FREE, Program
 
 
@@ -32,7 +32,7 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
     try block costs nothing on the way through.
     """
     env: Dict[str, Any] = {"_asarray": asarray, "_data": params, "_on_error": on_error, "_bin": recycle_bin,
-                           "_refs": sys.getrefcount}
+                           "_refs": sys.getrefcount, "_writeable": writeable}
     recycled = recycled or {}
     lines: List[str] = []
     line_pc: Dict[int, int] = {}
@@ -44,7 +44,7 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
         line_pc[len(lines) + 1] = -1 - s  # a failing read names the parameter
         lines.append(f"    s{s} = _data[n{s}]")
         if in_place and s in in_place:
-            lines.append(f"    if _refs(s{s}) == {REFS_HELD_ONCE} and s{s}.base is None and s{s}.flags.writeable: "
+            lines.append(f"    if _refs(s{s}) == {REFS_HELD_ONCE} and s{s}.base is None and _writeable(s{s}): "
                          f"_bin[{in_place[s]}] = s{s}")
     for s, arr in consts.items():
         env[f"c{s}"] = arr

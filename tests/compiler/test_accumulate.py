@@ -271,3 +271,21 @@ def test_an_update_reading_a_view_of_its_parameter_is_not_done_in_place():
         w0 = ws["w"].copy()
         f(bv)
         np.testing.assert_allclose(ws["w"], w0 - 0.1 * w0.T @ bv, rtol=1e-4, atol=1e-5)
+
+
+def test_a_read_only_parameter_array_is_replaced_not_written():
+    ws = cgvm.Workspace()
+    w1, w2 = (RNG.standard_normal((40, 30)) * 0.2).astype(np.float32), (RNG.standard_normal((30, 5)) * 0.2).astype(np.float32)
+    ws["w1"], ws["w2"] = w1.copy(), w2.copy()
+    step = _mlp_step(ws)
+    x, y = _data()
+    step(x, y)
+    frozen = ws["w1"].copy()
+    frozen.flags.writeable = False
+    ws["w1"] = frozen
+    del frozen                                           # only the workspace holds it, but it is read-only
+    import weakref
+
+    before = weakref.ref(ws["w1"])                       # a weak reference does not count as a holder
+    step(x, y)
+    assert ws["w1"] is not before()                      # a new array: the read-only one was not written
