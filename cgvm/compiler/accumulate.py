@@ -18,7 +18,7 @@ parameter's own array on an update (the VM decides: see Executable._updates_in_p
 """
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 from ..ir.builder import apply
 from ..ir.graph import CONST, Graph, Node, Value
@@ -114,19 +114,12 @@ def fuse_accumulations(graph: Graph) -> Graph:
     found = {id(n): hit for n in graph.nodes for hit in [_accumulation(n, readers)] if hit is not None}
     if not found:
         return graph
-    rebuilt: Dict[int, Value] = {}   # old value -> its rebuilt version, for inputs of swallowed nodes
-
-    def rule(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
-        for old, new in zip(node.inputs, inputs):
-            if old is not new:
-                rebuilt[id(old)] = new
+    def rule(node: Node, inputs: List[Value], rebuilt: Callable[[Value], Value]) -> Optional[List[Value]]:
         hit = found.get(id(node))
         if hit is None:
             return None
-        args = [rebuilt.get(id(v), v) for v in (*hit.matmul.inputs, hit.c)]
-        if hit.scale is not None:
-            args.append(rebuilt.get(id(hit.scale), hit.scale))
+        args = [rebuilt(v) for v in (*hit.matmul.inputs, hit.c)] + ([] if hit.scale is None else [rebuilt(hit.scale)])
         return [apply(F.gemm_accumulate, args, {"alpha": hit.alpha, "beta": hit.beta},
                       name=node.name, source=fused_source(hit.swallowed + [node]))]
 
-    return rewrite(graph, rule)
+    return rewrite(graph, rule, lookup=True)

@@ -18,7 +18,7 @@ conv's own bias earlier, by ``simplify``). The master's output must have no othe
 from __future__ import annotations
 
 import math
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..ir.builder import apply
 from ..ir.graph import CONST, Graph, Node, Value
@@ -257,7 +257,7 @@ def fused_source(nodes: Sequence[Node]) -> Optional[str]:
     return "a fused chain of " + ", ".join(f"{n.op.name} ({n.source})" if n.source else n.op.name for n in nodes)
 
 
-def _fused_node(chain: Sequence[Node], lowered, mapped: Dict[int, Value]) -> Optional[Value]:
+def _fused_node(chain: Sequence[Node], lowered, rebuilt: Callable[[Value], Value]) -> Optional[Value]:
     """The fused node for ``chain`` over the rewritten graph's values, or None if it is not worth one."""
     while len(chain) > 1:
         steps = _build_program(chain, lowered)
@@ -279,7 +279,7 @@ def _fused_node(chain: Sequence[Node], lowered, mapped: Dict[int, Value]) -> Opt
                 order.append(r)
     program = tuple((name, tuple(index[id(r)] if isinstance(r, Value) else r for r in ops)) for name, ops in steps)
     attrs = {"program": program, "dtype": out.dtype, "shape_from_first": _shape_from_first(steps, out.shape)}
-    return apply(F.fused_elementwise, [mapped.get(id(v), v) for v in order], attrs, name=root.name,
+    return apply(F.fused_elementwise, [rebuilt(v) for v in order], attrs, name=root.name,
                  source=fused_source(chain))
 
 
@@ -289,19 +289,15 @@ def fuse_elementwise(graph: Graph) -> Graph:
     if not chains:
         return graph
     root_chain = {id(chain[-1]): (chain, lowered) for chain, lowered in chains}
-    mapped: Dict[int, Value] = {}
 
-    def rule(node, inputs):
-        for old, new in zip(node.inputs, inputs):
-            if old is not new:
-                mapped[id(old)] = new
+    def rule(node, inputs, rebuilt):
         hit = root_chain.get(id(node))
         if hit is None:
             return None
-        fused = _fused_node(hit[0], hit[1], mapped)
+        fused = _fused_node(hit[0], hit[1], rebuilt)
         return None if fused is None else [fused]
 
-    return rewrite(graph, rule)
+    return rewrite(graph, rule, lookup=True)
 
 
 _ACTIVATIONS = ("relu", "tanh", "sigmoid")
@@ -379,9 +375,9 @@ def _plan_epilogues(graph: Graph) -> List[_Epilogue]:
     return groups
 
 
-def _fused_epilogue(group: _Epilogue, mapped: Dict[int, Value]) -> Value:
+def _fused_epilogue(group: _Epilogue, rebuilt: Callable[[Value], Value]) -> Value:
     master = group.master
-    args = [mapped.get(id(v), v) for v in master.inputs]
+    args = [rebuilt(v) for v in master.inputs]
     swallowed = [master] + [v.node for v in group.inner[1:]] + [group.last]
     where = dict(name=group.last.name, source=fused_source(swallowed))
     if master.op.name == "conv":
@@ -389,7 +385,7 @@ def _fused_epilogue(group: _Epilogue, mapped: Dict[int, Value]) -> Value:
     if master.op.name == "gemm":
         attrs = {"act": group.act, "trans_a": master.attrs["trans_a"], "trans_b": master.attrs["trans_b"]}
         return apply(F.gemm_bias_act, args, attrs, **where)
-    return apply(F.gemm_bias_act, args + [mapped.get(id(group.bias), group.bias)], {"act": group.act}, **where)
+    return apply(F.gemm_bias_act, args + [rebuilt(group.bias)], {"act": group.act}, **where)
 
 
 def fuse_epilogues(graph: Graph) -> Graph:
@@ -400,19 +396,16 @@ def fuse_epilogues(graph: Graph) -> Graph:
     if not groups:
         return graph
     swallowed = {id(v): id(g.last) for g in groups.values() for v in g.inner}
-    mapped: Dict[int, Value] = {}
     results: Dict[int, Value] = {}   # id(group's last node) -> the fused value
 
-    def rule(node, inputs):
-        for k, (old, new) in enumerate(zip(node.inputs, inputs)):
+    def rule(node, inputs, rebuilt):
+        for k, old in enumerate(node.inputs):
             if id(old) in swallowed and (node.op.name, k) in _SHAPE_ONLY:
-                inputs[k] = new = results[swallowed[id(old)]]
-            if old is not new:
-                mapped[id(old)] = new
+                inputs[k] = results[swallowed[id(old)]]
         group = groups.get(id(node))
         if group is None:
             return None
-        fused = results[id(node)] = _fused_epilogue(group, mapped)
+        fused = results[id(node)] = _fused_epilogue(group, rebuilt)
         return [fused]
 
-    return rewrite(graph, rule)
+    return rewrite(graph, rule, lookup=True)

@@ -10,15 +10,23 @@ from ..ir.graph import Graph, Node, Value
 Rule = Callable[[Node, List[Value]], Optional[Sequence[Value]]]
 
 
-def rewrite(graph: Graph, rule: Rule) -> Graph:
-    """A new graph where each node went through ``rule``; unchanged nodes are shared, not copied."""
+def rewrite(graph: Graph, rule: Rule, *, lookup: bool = False) -> Graph:
+    """A new graph where each node went through ``rule``; unchanged nodes are shared, not copied.
+
+    With ``lookup`` the rule is called as ``rule(node, new_inputs, rebuilt)``: ``rebuilt(v)`` is
+    what an old value has become so far (itself if unchanged), for rules that build over values
+    other than their node's inputs (the inputs of the nodes a fusion swallows).
+    """
     memo: Dict[int, Value] = {}
+
+    def rebuilt(v: Value) -> Value:
+        return memo.get(id(v), v)
     nodes: List[Node] = []
     emitted: set = set()
     changed = False
     for node in graph.nodes:
         new_inputs = [memo.get(id(v), v) for v in node.inputs]
-        repl = rule(node, new_inputs)
+        repl = rule(node, new_inputs, rebuilt) if lookup else rule(node, new_inputs)
         if repl is not None:
             changed = True
             for old, new in zip(node.outputs, repl):

@@ -162,6 +162,14 @@ def _mlp_step(ws, lr=0.05):
                         updates={w1: E.sub(w1, E.mul(g1, lr)), w2: E.sub(w2, E.mul(g2, lr))})
 
 
+def _mlp_workspace():
+    """A workspace holding the MLP's two weights, and copies of their initial values."""
+    ws = cgvm.Workspace()
+    w1, w2 = (RNG.standard_normal((40, 30)) * 0.2).astype(np.float32), (RNG.standard_normal((30, 5)) * 0.2).astype(np.float32)
+    ws["w1"], ws["w2"] = w1.copy(), w2.copy()
+    return ws, w1, w2
+
+
 def _numpy_sgd(w1, w2, x, y, lr=0.05, steps=1):
     """The same MLP step in float64 NumPy: softmax cross-entropy, backprop by hand."""
     w1, w2 = w1.astype(np.float64), w2.astype(np.float64)
@@ -185,9 +193,7 @@ def _data(n=64):
 
 
 def test_sgd_updates_write_into_the_parameters_own_arrays():
-    ws = cgvm.Workspace()
-    w1, w2 = (RNG.standard_normal((40, 30)) * 0.2).astype(np.float32), (RNG.standard_normal((30, 5)) * 0.2).astype(np.float32)
-    ws["w1"], ws["w2"] = w1.copy(), w2.copy()
+    ws, w1, w2 = _mlp_workspace()
     step = _mlp_step(ws)
     assert sum(n.op.name == "gemm_accumulate" for n in step.graph.nodes) == 2
     x, y = _data()
@@ -202,9 +208,7 @@ def test_sgd_updates_write_into_the_parameters_own_arrays():
 
 
 def test_an_update_never_writes_into_an_array_someone_holds():
-    ws = cgvm.Workspace()
-    w1, w2 = (RNG.standard_normal((40, 30)) * 0.2).astype(np.float32), (RNG.standard_normal((30, 5)) * 0.2).astype(np.float32)
-    ws["w1"], ws["w2"] = w1.copy(), w2.copy()
+    ws, w1, w2 = _mlp_workspace()
     step = _mlp_step(ws)
     x, y = _data()
     step(x, y)
@@ -274,9 +278,7 @@ def test_an_update_reading_a_view_of_its_parameter_is_not_done_in_place():
 
 
 def test_a_read_only_parameter_array_is_replaced_not_written():
-    ws = cgvm.Workspace()
-    w1, w2 = (RNG.standard_normal((40, 30)) * 0.2).astype(np.float32), (RNG.standard_normal((30, 5)) * 0.2).astype(np.float32)
-    ws["w1"], ws["w2"] = w1.copy(), w2.copy()
+    ws, w1, w2 = _mlp_workspace()
     step = _mlp_step(ws)
     x, y = _data()
     step(x, y)
