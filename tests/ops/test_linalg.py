@@ -6,6 +6,7 @@ import cgvm
 from cgvm.errors import ShapeError
 from cgvm.ir import TensorType, input_value
 from cgvm.ops import elementwise as E
+from cgvm.ops import fused as F
 from cgvm.ops import linalg as L
 from cgvm.ops import reduce as R
 from harness import Case, check_case, check_grad, second_order
@@ -120,6 +121,18 @@ CASES = [
     Case("batched_dot_3d_right", L.batched_dot, [r(2, 3, 4), r(2, 2, 4, 5)], batched_dot_reference),
     Case("batched_dot_3d_vec", L.batched_dot, [r(2, 2, 3, 4), r(2, 4)], batched_dot_reference),
     Case("batched_dot_dynamic", L.batched_dot, [r(3, 2, 4), r(3, 4, 5)], batched_dot_reference, dynamic=True),
+    # the fused accumulating product (made by the compiler after differentiation: no gradient); big
+    # enough for the BLAS path, and broadcasting both ways as the add it replaces
+    Case("gemm_accumulate", lambda a, b, c: F.gemm_accumulate(a, b, c, alpha=-0.5, beta=2.0),
+         [r(40, 60), r(60, 50), r(40, 50)], lambda a, b, c: -0.5 * (a.astype(np.float64) @ b) + 2.0 * c,
+         grad=False, rtol=1e-4, atol=1e-4),
+    Case("gemm_accumulate_scale", lambda a, b, c, s: F.gemm_accumulate(a, b, c, s, alpha=-1.0),
+         [r(40, 60), r(60, 50), r(40, 50), np.array(0.25, np.float32)],
+         lambda a, b, c, s: c - s * (a.astype(np.float64) @ b), grad=False, rtol=1e-4, atol=1e-4),
+    Case("gemm_accumulate_wider_c", lambda a, b, c: F.gemm_accumulate(a, b, c, beta=-1.0),
+         [r(1, 6), r(6, 5), r(4, 5)], lambda a, b, c: a @ b - c, grad=False, dynamic=True),
+    Case("gemm_accumulate_wider_product", lambda a, b, c: F.gemm_accumulate(a, b, c, alpha=3.0),
+         [r(4, 6), r(6, 5), r(1, 5)], lambda a, b, c: 3.0 * (a @ b) + c, grad=False, dynamic=True),
 ]
 
 
