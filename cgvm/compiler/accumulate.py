@@ -11,7 +11,8 @@ pass (see cgvm.ops.blas). Matched, for 2-D float operands of one dtype:
 
 with ``t`` a scalar constant, ``s`` a scalar constant or a scalar value (a learning rate that
 is an input or a parameter), ``c`` of the product's static shape, and every intermediate read
-by the pattern alone. Unknown dimensions may still differ at run time; ``gemm_accumulate``
+by the pattern alone. A plain ``c + a @ b`` is left to the epilogue fusion: ``gemm_bias_act``
+costs the same there and also takes the activation that often follows (an RNN step's tanh). Unknown dimensions may still differ at run time; ``gemm_accumulate``
 broadcasts c and the product against each other as the add did, and adds through BLAS when the
 shapes agree. It may overwrite ``c`` where ``c`` dies there (the memory planner decides), and a
 parameter's own array on an update (the VM decides: see Executable._updates_in_place).
@@ -102,6 +103,8 @@ def _accumulation(node: Node, readers: _Readers) -> Optional[_Accumulation]:
                 alpha = -alpha
             else:
                 beta = -beta
+        if alpha == beta == 1.0 and p.scale is None:
+            return None   # a plain sum: gemm_bias_act does as well, and takes an activation after it
         return _Accumulation(mm, c.base, alpha, beta, p.scale, p.swallowed + [mm] + c.swallowed)
     return None
 
