@@ -117,6 +117,7 @@ def fuse_accumulations(graph: Graph) -> Graph:
     found = {id(n): hit for n in graph.nodes for hit in [_accumulation(n, readers)] if hit is not None}
     if not found:
         return graph
+
     def rule(node: Node, inputs: List[Value], rebuilt: Callable[[Value], Value]) -> Optional[List[Value]]:
         hit = found.get(id(node))
         if hit is None:
