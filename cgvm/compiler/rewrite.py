@@ -21,11 +21,12 @@ def rewrite(graph: Graph, rule: Rule, *, lookup: bool = False) -> Graph:
 
     def rebuilt(v: Value) -> Value:
         return memo.get(id(v), v)
+
     nodes: List[Node] = []
     emitted: set = set()
     changed = False
     for node in graph.nodes:
-        new_inputs = [memo.get(id(v), v) for v in node.inputs]
+        new_inputs = [rebuilt(v) for v in node.inputs]
         repl = rule(node, new_inputs, rebuilt) if lookup else rule(node, new_inputs)
         if repl is not None:
             changed = True
