@@ -25,7 +25,7 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.builder import clone_node, rebuild
 from ..ir.graph import CONST, Graph, Node, Value, input_value
-from ..ops import control, linalg, reduce
+from ..ops import linalg, reduce, scan_plumbing
 from ..ops import elementwise as ew
 from ..ops import shape as shp
 from ..ops.registry import BROADCAST, ELEMWISE, SHAPE_ONLY_INPUTS
@@ -203,8 +203,8 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
             return stack_of[id(f)], stack_of[id(partner)]
         st = stack_of[id(partner)]
         if a["go_backwards"]:   # step t read the sequence at steps - 1 - t
-            st = reversed_stacks.setdefault(id(st), control.reverse(st))
-        return control.steps_like(seq_outer[id(f)], st), st
+            st = reversed_stacks.setdefault(id(st), scan_plumbing.reverse(st))
+        return scan_plumbing.steps_like(seq_outer[id(f)], st), st
     mapping: List[Value] = []
     it_final = iter(finals)
     for k in range(C):

@@ -9,6 +9,7 @@ from cgvm.errors import GraphBuildError, ShapeError
 from cgvm.ir import TensorType, input_value
 from cgvm.ops import elementwise as E
 from cgvm.ops import pool as P
+from cgvm.ops import pool_windows
 from cgvm.ops import reduce as R
 from harness import Case, check_case, check_grad, pad_pairs, spatial
 
@@ -368,7 +369,7 @@ def test_pooling_in_plane_chunks_matches_the_whole(monkeypatch, kernel, stride, 
     mx = P.max_pool.bind(np, dict(attrs, return_mask=False))
     av = P.avg_pool.bind(np, dict(attrs, count_include_pad=True))
     want_max, want_avg = ref_pool(x, kernel, stride, pad, True, "max")[0], ref_pool(x, kernel, stride, pad, True, "avg")
-    monkeypatch.setattr(P, "POOL_CHUNK_BYTES", x[0, 0].nbytes * 4)   # 4 planes a chunk: 15 = 4+4+4+3
+    monkeypatch.setattr(pool_windows, "POOL_CHUNK_BYTES", x[0, 0].nbytes * 4)   # 4 planes a chunk: 15 = 4+4+4+3
     np.testing.assert_allclose(mx(x), want_max, rtol=1e-12)
     np.testing.assert_allclose(av(x), want_avg, rtol=1e-12)
 
@@ -418,7 +419,7 @@ def test_two_by_two_gradient_in_two_stages_routes_to_the_first_maximum(pooled, s
 def test_overlapping_max_pool_gradient_in_plane_chunks_matches_caffe(monkeypatch, kernel, stride, pad, ceil, pooled):
     """The general gradient (overlapping, padded, ceil-mode windows) goes a few planes at a time;
     each g must reach its window's first maximum (ReLU ties included), summed where windows overlap."""
-    monkeypatch.setattr(P, "POOL_CHUNK_BYTES", 7 * 9 * 4 * 3)       # chunks of 3 planes of a 7x9 input
+    monkeypatch.setattr(pool_windows, "POOL_CHUNK_BYTES", 7 * 9 * 4 * 3)   # chunks of 3 planes of a 7x9 input
     x = np.maximum(r(2, 5, 7, 9), 0)
     attrs = dict(kernel=kernel, stride=stride, pad=pad, ceil_mode=ceil)
     y = P.max_pool.bind(np, dict(attrs, return_mask=False))(x)

@@ -8,6 +8,7 @@ from cgvm.ir import TensorType, input_value
 from cgvm.ops import creation as C
 from cgvm.ops import elementwise as E
 from cgvm.ops import reduce as R
+from cgvm.ops import join as J
 from cgvm.ops import shape as S
 from harness import Case, check_case, check_grad, second_order
 
@@ -77,25 +78,25 @@ CASES = [
     Case("broadcast_to_dynamic", lambda x: S.broadcast_to(x, shape=(2, 3, 4)), [r(4)],
          lambda a: np.broadcast_to(a, (2, 3, 4)), dynamic=True),
     # concat / split / stack
-    Case("concat", lambda a, b, c: S.concat(a, b, c, axis=1), [r(2, 1, 3), r(2, 4, 3), r(2, 2, 3)],
+    Case("concat", lambda a, b, c: J.concat(a, b, c, axis=1), [r(2, 1, 3), r(2, 4, 3), r(2, 2, 3)],
          lambda a, b, c: np.concatenate([a, b, c], axis=1)),
-    Case("concat_negative_dynamic", lambda a, b: S.concat(a, b, axis=-1), [r(2, 3), r(2, 5)],
+    Case("concat_negative_dynamic", lambda a, b: J.concat(a, b, axis=-1), [r(2, 3), r(2, 5)],
          lambda a, b: np.concatenate([a, b], axis=-1), dynamic=True),
-    Case("concat_one", lambda a: S.concat(a, axis=0), [r(3, 2)], lambda a: a.copy()),
-    Case("split_sizes", lambda x: S.split(x, axis=1, sizes=(1, 3, 2)), [r(2, 6)],
+    Case("concat_one", lambda a: J.concat(a, axis=0), [r(3, 2)], lambda a: a.copy()),
+    Case("split_sizes", lambda x: J.split(x, axis=1, sizes=(1, 3, 2)), [r(2, 6)],
          lambda a: (a[:, :1], a[:, 1:4], a[:, 4:])),
-    Case("split_sections_dynamic", lambda x: S.split(x, axis=-1, sections=3), [r(2, 6)],
+    Case("split_sections_dynamic", lambda x: J.split(x, axis=-1, sections=3), [r(2, 6)],
          lambda a: (a[:, :2], a[:, 2:4], a[:, 4:]), dynamic=True),
-    Case("split_one_output_used", lambda x: first(S.split(x, axis=0, sizes=(2, 1))), [r(3, 2)],
+    Case("split_one_output_used", lambda x: first(J.split(x, axis=0, sizes=(2, 1))), [r(3, 2)],
          lambda a: a[:2]),
-    Case("split_single", lambda x: S.split(x, axis=0, sections=1), [r(3, 2)], lambda a: a.copy()),
-    Case("stack", lambda a, b, c: S.stack(a, b, c), [r(2, 3), r(2, 3), r(2, 3)], lambda *xs: np.stack(xs)),
-    Case("stack_last_dynamic", lambda a, b: S.stack(a, b, axis=-1), [r(2, 3), r(2, 3)],
+    Case("split_single", lambda x: J.split(x, axis=0, sections=1), [r(3, 2)], lambda a: a.copy()),
+    Case("stack", lambda a, b, c: J.stack(a, b, c), [r(2, 3), r(2, 3), r(2, 3)], lambda *xs: np.stack(xs)),
+    Case("stack_last_dynamic", lambda a, b: J.stack(a, b, axis=-1), [r(2, 3), r(2, 3)],
          lambda a, b: np.stack([a, b], axis=-1), dynamic=True),
     # tile
-    Case("tile", lambda x: S.tile(x, reps=(2, 3)), [r(2, 3)], lambda a: tile_reference(a, (2, 3))),
-    Case("tile_more_reps", lambda x: S.tile(x, reps=(2, 1, 2)), [r(2, 3)], lambda a: tile_reference(a, (2, 1, 2))),
-    Case("tile_fewer_reps_dynamic", lambda x: S.tile(x, reps=(3,)), [r(2, 2)], lambda a: tile_reference(a, (3,)),
+    Case("tile", lambda x: J.tile(x, reps=(2, 3)), [r(2, 3)], lambda a: tile_reference(a, (2, 3))),
+    Case("tile_more_reps", lambda x: J.tile(x, reps=(2, 1, 2)), [r(2, 3)], lambda a: tile_reference(a, (2, 1, 2))),
+    Case("tile_fewer_reps_dynamic", lambda x: J.tile(x, reps=(3,)), [r(2, 2)], lambda a: tile_reference(a, (3,)),
          dynamic=True),
     # shape_of and fills
     Case("shape_of", S.shape_of, [r(2, 3, 4)], lambda a: np.array(a.shape, np.int64), grad=False, dynamic=True),
@@ -144,9 +145,9 @@ SECOND_ORDER = [
         lambda x: R.sum(E.mul(E.exp(S.reshape(S.transpose(x), shape=(-1,))), S.flatten(S.transpose(x), axis=0)))),
         [r(2, 3)], lambda a: np.exp(a) * (1 + a), rtol=1e-4),
     Case("concat_split_2nd", second_order(
-        lambda x: R.sum(E.exp(first(S.split(S.concat(x, x, axis=0), axis=0, sizes=(3, 1)))))),
+        lambda x: R.sum(E.exp(first(J.split(J.concat(x, x, axis=0), axis=0, sizes=(3, 1)))))),
         [r(2, 2)], lambda a: np.exp(a) * np.array([[2.0], [1.0]]), rtol=1e-4),
-    Case("tile_stack_2nd", second_order(lambda x: R.sum(E.exp(S.stack(S.tile(x, reps=(2,)), S.concat(x, x))))),
+    Case("tile_stack_2nd", second_order(lambda x: R.sum(E.exp(J.stack(J.tile(x, reps=(2,)), J.concat(x, x))))),
          [r(3)], lambda a: np.exp(a) * 4, rtol=1e-4),
 ]
 
@@ -167,10 +168,10 @@ def _sym(*shape, dtype="float32"):
     lambda: S.reshape(_sym(2, 3), shape=(0, 0, 0)),
     lambda: S.transpose(_sym(2, 3), perm=(0, 0)),
     lambda: S.broadcast_to(_sym(3, 2), shape=(3, 3)),
-    lambda: S.concat(_sym(2, 3), _sym(3, 3), axis=1),
-    lambda: S.split(_sym(2, 6), axis=1, sizes=(2, 3)),
-    lambda: S.split(_sym(2, 6), axis=1, sections=4),
-    lambda: S.stack(_sym(2, 3), _sym(2, 4)),
+    lambda: J.concat(_sym(2, 3), _sym(3, 3), axis=1),
+    lambda: J.split(_sym(2, 6), axis=1, sizes=(2, 3)),
+    lambda: J.split(_sym(2, 6), axis=1, sections=4),
+    lambda: J.stack(_sym(2, 3), _sym(2, 4)),
     lambda: S.flatten(_sym(2, 3, 4), axis=2, end_axis=1),
     lambda: S.reshape_dyn(_sym(2, 3), _sym(None, dtype="int64")),
     lambda: C.alloc(_sym(3), 2, 4),
@@ -185,7 +186,7 @@ def test_bad_shapes_name_the_user_line(build):
 
 def test_bad_attribute_names_the_user_line():
     with pytest.raises(GraphBuildError) as info:
-        S.split(_sym(2, 6), axis=1, sections=2.5)
+        J.split(_sym(2, 6), axis=1, sections=2.5)
     assert "test_shape.py" in str(info.value)
 
 
@@ -203,7 +204,7 @@ def test_split_outputs_survive_later_calls(backend):
     ws = cgvm.Workspace(backend)
     xp = ws.backend.xp
     x = _sym(4, 3)
-    top, bottom = S.split(E.exp(x), axis=0, sections=2)
+    top, bottom = J.split(E.exp(x), axis=0, sections=2)
     later = E.exp(top)
     f = cgvm.compile([x], [bottom, E.add(later, later)], workspace=ws)
     data = np.arange(12, dtype=np.float32).reshape(4, 3) / 10

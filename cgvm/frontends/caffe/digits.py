@@ -60,7 +60,7 @@ def write_lmdb(path: str, images: np.ndarray, labels: np.ndarray) -> None:
         import lmdb
     except ImportError:
         raise CaffeError("writing LMDB needs the lmdb package: pip install lmdb") from None
-    from cgvm.frontends.caffe.data_layers import forget_lmdb
+    from cgvm.frontends.caffe.data_lmdb import forget_lmdb
 
     forget_lmdb(path)
     if os.path.exists(path):

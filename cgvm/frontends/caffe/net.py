@@ -20,12 +20,14 @@ blob the range computes, and stores them; ``backward`` compiles the gradient gra
 range, reading the stored blobs instead of recomputing them, seeded with the stored top diffs
 (loss tops hold their loss weight, as Caffe's SetLossWeights leaves them). ``training_graph``
 gives the symbolic loss and parameter gradients for a solver to compile in one step.
+
+net_build.py builds a layer range's graph (and declares learnable blobs at setup); net_compile.py
+compiles ranges into the cached forward and backward Functions.
 """
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from itertools import count as _counter
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -35,135 +37,18 @@ from cgvm.autodiff import grad_map
 from cgvm.errors import CgvmError
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeNetError
-from cgvm.frontends.caffe.fillers import fill
 from cgvm.frontends.caffe.filter import filter_net, insert_splits, layer_included
 from cgvm.frontends.caffe.layers import AUTO_TOP_TYPES, CONVERTERS, DATA_LAYERS, LOSS_TYPES
+from cgvm.frontends.caffe.net_build import (LayerInfo, NetDataContext, ParamInfo, RangeBuild, build_range,
+                                            range_loss)
+from cgvm.frontends.caffe.net_compile import TrainingGraph, backward_function, forward_function
 from cgvm.frontends.caffe.prototxt import describe_fork_extension, read_net_with_lines
-from cgvm.compiled import Function
-from cgvm.ir import TensorType, Value, param_value, source_scope
-from cgvm.ir.builder import rebuild
-from cgvm.ops import elementwise as ew
-from cgvm.ops import reduce as red
+from cgvm.ir import TensorType, Value, param_value
 from cgvm.vm.workspace import Workspace
 
 from cgvm.frontends.caffe.blob import Blob, LayerView, ParamBlob  # noqa: E402  (re-exported)
 
 _net_ids = _counter()
-
-
-@dataclass
-class ParamInfo:
-    """One learnable blob: its workspace entry, owner layer and the solver's multipliers.
-
-    ``lr_mult``/``decay_mult`` are those of the owner (the first layer that declared the
-    param); a sharing layer's different non-default values are an error, as in Caffe.
-    """
-
-    name: str
-    layer: str
-    index: int
-    shape: Tuple[int, ...]
-    lr_mult: float = 1.0
-    decay_mult: float = 1.0
-
-    @property
-    def diff_name(self) -> str:
-        return self.name + "@diff"
-
-
-@dataclass
-class LayerInfo:
-    """A layer of the constructed net."""
-
-    param: caffe_pb2.LayerParameter
-    index: int
-    where: str
-    bottoms: List[str]
-    tops: List[str]
-    loss_weights: List[float]
-    data: Any = None                                    # a data-layer object, or None
-    params: List[ParamInfo] = field(default_factory=list)
-    seed_entry: Optional[str] = None                    # Dropout in TRAIN
-    carried_states: List[Tuple[str, str]] = field(default_factory=list)   # (initial, final) entries
-    python: Any = None                                  # the user's Python layer object
-
-    @property
-    def name(self) -> str:
-        return self.param.name
-
-    @property
-    def type(self) -> str:
-        return self.param.type
-
-
-class _Build:
-    """The values of one graph built over a layer range."""
-
-    def __init__(self) -> None:
-        self.params: Dict[str, Value] = {}          # workspace name -> param Value (leaves)
-        self.versions: List[Tuple[int, int, Value]] = []   # (layer index, top index, value)
-        self.current: Dict[str, Value] = {}         # blob name -> its latest value
-        self.consumed: set = set()                  # ids of version values read inside the range
-        self.leaves: Dict[str, Value] = {}          # blob name -> value read from outside the range
-        self.state_updates: Dict[str, Value] = {}   # BatchNorm running averages (TRAIN), carried states
-        # (initial entry, final entry, shape, dtype) of every carried state the graph reads
-        self.carried: List[Tuple[str, str, Tuple[int, ...], np.dtype]] = []
-
-
-class _LayerContext:
-    """The LayerContext converters see (see layers.base)."""
-
-    def __init__(self, net: "Net", info: LayerInfo, build: _Build):
-        self.net, self.info, self.build = net, info, build
-        self.layer = info.param
-        self.phase = net.phase if not info.param.HasField("phase") else info.param.phase
-        self.where = info.where
-
-    def error(self, message: str) -> CaffeNetError:
-        return CaffeNetError(f"{self.where}: {message}")
-
-    def param(self, index, shape, filler, *, lr_mult=None, decay_mult=None) -> Value:
-        return self.net._param(self.info, self.build, index, tuple(int(d) for d in shape), filler,
-                               lr_mult, decay_mult, self)
-
-    def dropout_seed(self) -> Value:
-        entry = self.net._entry(self.info.name) + "@seed"
-        if self.net._setting_up:
-            self.info.seed_entry = entry   # the net draws a new seed before each forward of this layer
-        if entry not in self.net.workspace:
-            self.net.workspace.set(entry, np.array(self.net._rng.integers(1 << 62), dtype=np.int64))
-        return self.net._leaf_value(self.build, entry, np.int64)
-
-    def update_state(self, target: Value, new_value: Value) -> None:
-        self.build.state_updates[target.name] = new_value
-
-    def carried_state(self, name: str, shape: Sequence[int], dtype: Any) -> Tuple[Value, Value]:
-        net, ws = self.net, self.net.workspace
-        base = net._entry(self.info.name) + "@" + name
-        initial, final = base + "_0", base + "_T"
-        shape = tuple(int(d) for d in shape)
-        dtype = np.dtype(getattr(dtype, "np", dtype))
-        for entry in (initial, final):
-            held = ws.get(entry)
-            # setup, or a graph built for another batch size (a reshape): the state starts at zero
-            if held is None or tuple(held.shape) != shape or held.dtype != dtype:
-                ws.set(entry, np.zeros(shape, dtype))
-        if net._setting_up:
-            self.info.carried_states.append((initial, final))
-        self.build.carried.append((initial, final, shape, dtype))
-        return net._leaf_value(self.build, initial), net._leaf_value(self.build, final)
-
-    def python_layer(self) -> object:
-        return self.info.python
-
-
-class _DataContext:
-    def __init__(self, net: "Net", info: LayerInfo):
-        self.net, self.where = net, info.where
-        self.rng, self.dtype = net._rng, net.dtype
-
-    def error(self, message: str) -> CaffeNetError:
-        return CaffeNetError(f"{self.where}: {message}")
 
 
 class Net:
@@ -268,7 +153,7 @@ class Net:
         info = LayerInfo(layer, index, where, list(layer.bottom), tops, weights)
         if kind in DATA_LAYERS:
             try:
-                info.data = DATA_LAYERS[kind](layer, self._layer_phase(layer), _DataContext(self, info))
+                info.data = DATA_LAYERS[kind](layer, self._layer_phase(layer), NetDataContext(self, info))
             except CgvmError:
                 raise
             except (ValueError, TypeError, OSError) as exc:
@@ -323,162 +208,19 @@ class Net:
         if entry + "@diff" not in ws or tuple(ws[entry + "@diff"].shape) != shape:
             ws.set(entry + "@diff", np.zeros(shape, self.dtype))
 
-    def _param(self, info: LayerInfo, build: _Build, index: int, shape: Tuple[int, ...], filler,
-               lr_mult: Optional[float], decay_mult: Optional[float], ctx: _LayerContext) -> Value:
-        layer = info.param
-        spec = layer.param[index] if index < len(layer.param) else None
-        name = spec.name if spec is not None and spec.name else f"{layer.name}/{index}"
-        if self._setting_up:
-            self._declare_param(info, index, name, shape, filler, spec, lr_mult, decay_mult, ctx)
-        hit = build.params.get(name)
-        if hit is None:
-            hit = build.params[name] = param_value(name, TensorType(shape, self.dtype))
-        elif tuple(hit.shape) != shape:
-            raise ctx.error(f"param {name!r} has shape {tuple(hit.shape)}; this layer needs {shape}")
-        return hit
-
-    def _declare_param(self, info, index, name, shape, filler, spec, lr_mult, decay_mult, ctx) -> None:
-        explicit_lr = spec.lr_mult if spec is not None and spec.HasField("lr_mult") else None
-        explicit_decay = spec.decay_mult if spec is not None and spec.HasField("decay_mult") else None
-        if lr_mult is not None and explicit_lr not in (None, lr_mult):
-            raise ctx.error(f"param {index} must have lr_mult {lr_mult} (this layer's blobs are not learned), "
-                            f"got {explicit_lr}")
-        lr = lr_mult if lr_mult is not None else (1.0 if explicit_lr is None else explicit_lr)
-        decay = decay_mult if decay_mult is not None else (1.0 if explicit_decay is None else explicit_decay)
-        existing = self._params.get(name)
-        if existing is not None:   # weight sharing by param name
-            strict = spec is None or spec.share_mode == caffe_pb2.ParamSpec.STRICT
-            fits = existing.shape == shape if strict else int(np.prod(existing.shape)) == int(np.prod(shape))
-            if not fits:
-                raise ctx.error(f"cannot share param {name!r}: it has shape {existing.shape} (owner layer "
-                                f"'{existing.layer}'), this layer needs {shape}")
-            for label, mine, theirs in (("lr_mult", explicit_lr, existing.lr_mult),
-                                        ("decay_mult", explicit_decay, existing.decay_mult)):
-                if mine is not None and mine != theirs and existing.layer != info.name:
-                    raise ctx.error(f"shared param {name!r} has {label} {theirs} in layer '{existing.layer}' "
-                                    f"and {mine} here; sharers must agree")
-            info.params.append(existing)
-            return
-        if len(info.params) != index:
-            raise ctx.error(f"internal: param {index} declared out of order")
-        param_info = ParamInfo(name, info.name, index, shape, lr, decay)
-        self._params[name] = param_info
-        info.params.append(param_info)
-        ws = self.workspace
-        if name in ws and tuple(ws[name].shape) == shape:
-            pass   # a workspace shared with another net already holds it: share
-        else:
-            if name in ws:
-                raise ctx.error(f"the workspace already holds {name!r} with shape {tuple(ws[name].shape)}; this "
-                                f"layer needs {shape}")
-            try:
-                ws.set(name, fill(filler, shape, self._rng).astype(self.dtype, copy=False))
-            except CaffeNetError as exc:
-                raise ctx.error(str(exc)) from None
-        if name + "@diff" not in ws or tuple(ws[name + "@diff"].shape) != shape:
-            ws.set(name + "@diff", np.zeros(shape, self.dtype))
-
-    def _leaf_value(self, build: _Build, entry: str, dtype: Any = None) -> Value:
+    # ------------------------------------------------------------------ graph building
+    def _leaf_value(self, build: RangeBuild, entry: str, dtype: Any = None) -> Value:
         hit = build.params.get(entry)
         if hit is None:
             array = self.workspace[entry]
             hit = build.params[entry] = param_value(entry, TensorType(array.shape, dtype or array.dtype))
         return hit
 
-    # ------------------------------------------------------------------ graph building
-    def _build(self, lo: int, hi: int, given: Optional[Dict[str, Value]] = None) -> _Build:
-        """Graph values of layers lo..hi. ``given`` (blob name -> Value) stands in for data layers'
-        tops and for blobs read from outside the range (symbolic_net's inputs from other frontends)."""
-        from cgvm.errors import GraphBuildError
-
-        given = given or {}
-        build = _Build()
-        produced_at: Dict[str, Tuple[int, int]] = {}
-        for i in range(lo, hi + 1):
-            info = self._layers[i]
-            if info.data is not None:
-                tops = [given[name] if name in given else self._leaf_value(build, self._entry(name))
-                        for name in info.tops]
-            else:
-                bottoms = []
-                for name in info.bottoms:
-                    if name in build.current:
-                        bottoms.append(build.current[name])
-                        build.consumed.add(id(build.current[name]))
-                    else:
-                        leaf = given[name] if name in given else self._leaf_value(build, self._entry(name))
-                        build.leaves[name] = leaf
-                        bottoms.append(leaf)
-                ctx = _LayerContext(self, info, build)
-                convert = CONVERTERS.get(info.type) or _python_converter()
-                with source_scope(info.where):
-                    try:
-                        tops = list(convert(info.param, bottoms, ctx))
-                    except CaffeNetError:
-                        raise
-                    except (GraphBuildError, CgvmError) as exc:
-                        raise CaffeNetError(_with_where(str(exc), info.where)) from None
-                if len(tops) != len(info.tops):
-                    raise CaffeNetError(f"{info.where}: makes {len(tops)} top(s), the prototxt names "
-                                        f"{len(info.tops)}")
-            for t, (name, value) in enumerate(zip(info.tops, tops)):
-                build.versions.append((i, t, value))
-                build.current[name] = value
-                produced_at[name] = (i, t)
-        return build
-
-    def _loss(self, build: _Build) -> Optional[Value]:
-        total = None
-        for i, t, value in build.versions:
-            weight = self._layers[i].loss_weights[t]
-            if weight:
-                term = red.sum(value) if value.ndim else value
-                term = term if weight == 1.0 else ew.mul(term, float(weight))
-                total = term if total is None else ew.add(total, term)
-        return total
-
-    def _range_key(self, kind: str, lo: int, hi: int) -> tuple:
-        """Cache key: the range and the shapes of every blob it reads from outside."""
-        ws = self.workspace._data
-        leaves = self._range_leaves(lo, hi)
-        return (kind, lo, hi) + tuple(ws[e].shape for e in leaves)
-
-    def _range_leaves(self, lo: int, hi: int) -> List[str]:
-        key = ("leaves", lo, hi)
-        hit = self._functions.get(key)
-        if hit is None:
-            made, leaves = set(), []
-            for info in self._layers[lo:hi + 1]:
-                names = info.tops if info.data is not None else info.bottoms
-                for name in names:
-                    if name not in made and self._entry(name) not in leaves:
-                        leaves.append(self._entry(name))
-                made.update(info.tops)
-            hit = self._functions[key] = leaves
-        return hit
+    def _build(self, lo: int, hi: int, given: Optional[Dict[str, Value]] = None) -> RangeBuild:
+        """Graph values of layers lo..hi (see net_build.build_range)."""
+        return build_range(self, lo, hi, given)
 
     # ------------------------------------------------------------------ forward
-    def _forward_function(self, lo: int, hi: int):
-        key = self._range_key("forward", lo, hi)
-        hit = self._functions.get(key)
-        if hit is None:
-            build = self._build(lo, hi)
-            loss = self._loss(build)
-            outputs = [v for _, _, v in build.versions]
-            entries = [self._version_entry[(i, t)] for i, t, _ in build.versions]
-            latest = {}
-            for (i, t, _), entry in zip(build.versions, entries):
-                latest[self._layers[i].tops[t]] = entry
-            canonical = []
-            for (i, t, _), entry in zip(build.versions, entries):
-                name = self._layers[i].tops[t]
-                canonical.append(self._entry(name) if latest[name] == entry and entry != self._entry(name) else None)
-            updates = {build.params[name]: value for name, value in build.state_updates.items()}
-            fn = Function([], ([loss] if loss is not None else []) + outputs, updates=updates,
-                          workspace=self.workspace, name=f"{self.name or 'net'}_forward_{lo}_{hi}")
-            hit = self._functions[key] = (fn, loss is not None, entries, canonical, build.carried)
-        return hit
-
     def _prepare_range(self, lo: int, hi: int) -> None:
         ws = self.workspace
         for info in self._layers[lo:hi + 1]:
@@ -514,7 +256,7 @@ class Net:
     def _forward(self, lo: int, hi: int) -> float:
         """Run layers lo..hi (inclusive indices); store their tops; return the loss."""
         self._prepare_range(lo, hi)
-        fn, has_loss, entries, canonical, carried = self._forward_function(lo, hi)
+        fn, has_loss, entries, canonical, carried = forward_function(self, lo, hi)
         self._fit_carried_states(carried)
         results = fn()
         loss = float(results[0]) if has_loss else 0.0
@@ -538,66 +280,12 @@ class Net:
             ws.set(diff, np.zeros(value.shape, self.dtype))
 
     # ------------------------------------------------------------------ backward
-    def _backward_function(self, lo: int, hi: int):
-        key = self._range_key("backward", lo, hi)
-        hit = self._functions.get(key)
-        if hit is not None:
-            return hit
-        build = self._build(lo, hi)
-        seeds: Dict[Value, Value] = {}
-        for i, t, value in build.versions:
-            if id(value) in build.consumed or not value.dtype.is_float:
-                continue
-            seed = self._leaf_value(build, self._entry(self._layers[i].tops[t]) + "@diff")
-            seeds[value] = seed if value not in seeds else ew.add(seeds[value], seed)
-        learn = [self._params[name] for name in build.params if name in self._params
-                 and self._params[name].lr_mult != 0.0]
-        wrt = [build.params[p.name] for p in learn]
-        if self.force_backward:
-            data_tops = [v for i, _, v in build.versions if self._layers[i].data is not None]
-            wrt += [v for v in list(build.leaves.values()) + data_tops if v.dtype.is_float]
-        else:  # as Caffe: a blob entering the range gets a diff when something learnable lies upstream of it
-            needs = self._blobs_needing_backward()
-            wrt += [v for name, v in build.leaves.items() if name in needs and v.dtype.is_float]
-        gmap = grad_map(seeds, wrt) if seeds and wrt else {}
-        blob_grads, blob_entries = [], []
-        first_version: Dict[str, Value] = {}
-        for i, t, value in build.versions:
-            first_version.setdefault(self._layers[i].tops[t], value)
-        for name, value in list(first_version.items()) + list(build.leaves.items()):
-            g = gmap.get(id(value))
-            if g is not None and self._entry(name) + "@diff" not in blob_entries:
-                blob_grads.append(g)
-                blob_entries.append(self._entry(name) + "@diff")
-        updates = {}
-        for p in learn:
-            g = gmap.get(id(build.params[p.name]))
-            if g is not None:
-                target = self._leaf_value(build, p.diff_name)
-                updates[target] = ew.add(target, g)
-        stored = {id(v): self._leaf_value(build, self._version_entry[(i, t)]) for i, t, v in build.versions}
-        targets = list(updates)
-        cut = rebuild(blob_grads + [updates[t] for t in targets], stored)
-        fn = Function([], cut[:len(blob_grads)], updates=dict(zip(targets, cut[len(blob_grads):])),
-                      workspace=self.workspace, name=f"{self.name or 'net'}_backward_{lo}_{hi}")
-        hit = self._functions[key] = (fn, blob_entries)
-        return hit
-
-    def _blobs_needing_backward(self) -> set:
-        """Blobs computed from a learnable parameter (Caffe's blob_need_backward without force_backward)."""
-        needs: set = set()
-        for info in self._layers:
-            learnable = any(p.lr_mult != 0.0 for p in info.params)
-            if learnable or any(b in needs for b in info.bottoms):
-                needs.update(info.tops)
-        return needs
-
     def _backward(self, start: int, end: int) -> None:
         """Backward through layers start down to end (inclusive indices); param diffs accumulate."""
         for info in self._layers[end:start + 1]:
             if info.python is not None:
                 info.python.before_backward()
-        fn, entries = self._backward_function(end, start)
+        fn, entries = backward_function(self, end, start)
         for entry, value in zip(entries, fn()):
             self.workspace.set(entry, value)
 
@@ -611,7 +299,7 @@ class Net:
         total loss (loss weights applied); params with lr_mult 0 are left out.
         """
         build = self._build(0, len(self._layers) - 1)
-        loss = self._loss(build)
+        loss = range_loss(self._layers, build)
         if loss is None:
             raise CaffeNetError(f"{self.filename}: the net has no loss (no top with a loss weight)")
         params = [p for p in self.learnable_params if p.name in build.params and p.lr_mult != 0.0]
@@ -714,32 +402,10 @@ class Net:
         raise KeyError(f"the net has no layer {name!r}")
 
 
-@dataclass
-class TrainingGraph:
-    """What ``Net.training_graph()`` returns: everything symbolic, nothing compiled."""
-
-    loss: Value                                 # scalar: sum of loss_weight * sum(top)
-    outputs: "OrderedDict[str, Value]"          # the net's outputs (sorted by name)
-    params: List[ParamInfo]                     # learnable params with lr_mult != 0
-    param_values: Dict[str, Value]              # workspace name -> param Value read by the graph
-    grads: Dict[str, Value]                     # workspace name -> d loss / d param
-    state_updates: Dict[Value, Value]           # BatchNorm averages, carried states; pass them as updates
-
-
 def _phase(phase: Any) -> int:
     from cgvm.frontends.caffe.filter import to_phase
 
     return to_phase(phase)
-
-
-def _with_where(message: str, where: str) -> str:
-    return message if where in message else f"{where}: {message}"
-
-
-def _python_converter():
-    from cgvm.frontends.caffe.layers.python_layer import convert_python_layer
-
-    return convert_python_layer
 
 
 def _check_bottoms(net: caffe_pb2.NetParameter, lines: List[Optional[int]], where) -> None:

@@ -22,7 +22,8 @@ import numpy as np
 
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeNetError
-from cgvm.frontends.caffe.net import Net, ParamInfo
+from cgvm.frontends.caffe.net import Net
+from cgvm.frontends.caffe.net_build import ParamInfo
 from cgvm.ir import Value
 from cgvm.ir.builder import as_value
 from cgvm.ir.graph import PARAM, toposort

@@ -104,7 +104,7 @@ class Model(TrainingMixin, Layer):
     def to_json(self, **kwargs: Any) -> str:
         import json
 
-        from .saving import serialize_model
+        from .model_config import serialize_model
 
         return json.dumps(serialize_model(self), **kwargs)
 
@@ -215,7 +215,7 @@ class Functional(Model):
         return results[0]
 
     def get_config(self) -> Dict[str, Any]:
-        from .saving import functional_config
+        from .model_config import functional_config
 
         return functional_config(self)
 
@@ -301,7 +301,7 @@ class Sequential(Functional):
             self.build((None,) + a.shape[1:], dtype=_data_dtype(a))
 
     def get_config(self) -> Dict[str, Any]:
-        from .saving import sequential_config
+        from .model_config import sequential_config
 
         return sequential_config(self)
 
@@ -318,6 +318,6 @@ class _recording:
 
 def clone_model(model: Model) -> Model:
     """A new model of the same architecture with freshly initialized weights."""
-    from .saving import deserialize_model, serialize_model
+    from .model_config import deserialize_model, serialize_model
 
     return deserialize_model(serialize_model(model))

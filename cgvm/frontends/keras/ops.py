@@ -12,6 +12,7 @@ from ...ops import elementwise_math as em
 from ...ops import linalg
 from ...ops import nn
 from ...ops import reduce as red
+from ...ops import join
 from ...ops import shape as shp
 from . import activations
 from .layers.base import apply_operation
@@ -57,7 +58,7 @@ def transpose(x, axes=None):
 
 
 def concatenate(xs, axis=0):
-    return apply_operation(lambda *vs: shp.concat(*vs, axis=axis), *xs)
+    return apply_operation(lambda *vs: join.concat(*vs, axis=axis), *xs)
 
 
 def expand_dims(x, axis):

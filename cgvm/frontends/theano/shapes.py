@@ -16,6 +16,7 @@ from ...ops import creation as cr
 from ...ops import elementwise as ew
 from ...ops import indexing as ix
 from ...ops import linalg as la
+from ...ops import join as join_ops
 from ...ops import shape as shp
 from . import basic as B
 from .config import config
@@ -205,7 +206,7 @@ def _upcast_all(tensors: Sequence[Any]) -> list:
 def concatenate(tensor_list: Sequence[Any], axis: int = 0) -> TensorVariable:
     if not tensor_list:
         raise ValueError("concatenate needs at least one tensor")
-    return wrap(shp.concat(*_upcast_all(tensor_list), axis=axis))
+    return wrap(join_ops.concat(*_upcast_all(tensor_list), axis=axis))
 
 
 def join(axis: int, *tensors: Any) -> TensorVariable:
@@ -218,7 +219,7 @@ def stack(*tensors: Any, axis: int = 0) -> TensorVariable:
         tensors = tuple(tensors[0])
     elif len(tensors) == 2 and isinstance(tensors[0], (list, tuple)) and isinstance(tensors[1], int):
         tensors, axis = tuple(tensors[0]), tensors[1]
-    return wrap(shp.stack(*_upcast_all(tensors), axis=axis))
+    return wrap(join_ops.stack(*_upcast_all(tensors), axis=axis))
 
 
 def horizontal_stack(*tensors: Any) -> TensorVariable:
@@ -233,12 +234,12 @@ def split(x: Any, splits_size: Sequence[int], n_splits: int, axis: int = 0) -> l
     sizes = splits_size.value.data.tolist() if isinstance(splits_size, TensorVariable) else list(splits_size)
     if len(sizes) != n_splits:
         raise ValueError(f"split: {len(sizes)} sizes for n_splits={n_splits}")
-    parts = shp.split(_val(x), axis=axis, sizes=tuple(int(s) for s in sizes))
+    parts = join_ops.split(_val(x), axis=axis, sizes=tuple(int(s) for s in sizes))
     return [wrap(p) for p in (parts if isinstance(parts, tuple) else (parts,))]
 
 
 def tile(x: Any, reps: Sequence[int], ndim: Optional[int] = None) -> TensorVariable:
-    return wrap(shp.tile(_val(x), reps=tuple(int(r) for r in reps)))
+    return wrap(join_ops.tile(_val(x), reps=tuple(int(r) for r in reps)))
 
 
 def repeat(x: Any, repeats: int, axis: Optional[int] = None) -> TensorVariable:

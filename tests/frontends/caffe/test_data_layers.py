@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from cgvm.frontends.caffe import caffe_pb2
-from cgvm.frontends.caffe import data_layers as D
+from cgvm.frontends.caffe.data_common import DataTransformer
+from cgvm.frontends.caffe.data_hdf5 import HDF5DataLayer, HDF5OutputLayer
+from cgvm.frontends.caffe.data_images import ImageDataLayer, WindowDataLayer
+from cgvm.frontends.caffe.data_lmdb import LMDBDataLayer
 from cgvm.frontends.caffe.errors import CaffeNetError
 from cgvm.frontends.caffe.io import array_to_blobproto
 from cgvm.frontends.caffe.layers import DATA_LAYERS
@@ -19,7 +22,7 @@ def layer_of(text: str) -> caffe_pb2.LayerParameter:
 
 def transformer(text: str, phase=caffe_pb2.TEST, seed=0):
     layer = layer_of(f'layer {{ name: "d" type: "Data" {text} }}')
-    return D.DataTransformer(layer.transform_param, phase, np.random.default_rng(seed), layer)
+    return DataTransformer(layer.transform_param, phase, np.random.default_rng(seed), layer)
 
 
 def datum_batch(label: int = 3) -> np.ndarray:
@@ -91,7 +94,7 @@ def test_lmdb_data_layer_reads_in_order_and_wraps(tmp_path):
     layer = layer_of(f'layer {{ name: "d" type: "Data" top: "data" top: "label" '
                      f'transform_param {{ scale: 0.1 crop_size: 4 }} '
                      f'data_param {{ source: "{tmp_path / "db"}" batch_size: 5 backend: LMDB }} }}')
-    d = D.LMDBDataLayer(layer, caffe_pb2.TEST)
+    d = LMDBDataLayer(layer, caffe_pb2.TEST)
     assert d.top_shapes() == [(5, 1, 4, 4), (5,)]
     b1, b2 = d.next_batch(), d.next_batch()
     np.testing.assert_array_equal(b1["label"], [0, 1, 2, 3, 4])
@@ -104,7 +107,7 @@ def test_lmdb_missing_source_names_it(tmp_path):
     layer = layer_of(f'layer {{ name: "d" type: "Data" top: "data" '
                      f'data_param {{ source: "{tmp_path / "nope"}" batch_size: 5 backend: LMDB }} }}')
     with pytest.raises(CaffeNetError, match="nope.*not found"):
-        D.LMDBDataLayer(layer, caffe_pb2.TRAIN)
+        LMDBDataLayer(layer, caffe_pb2.TRAIN)
 
 
 def test_data_layer_in_a_net(tmp_path):
@@ -132,12 +135,12 @@ def test_hdf5_data_spans_files_and_wraps(tmp_path):
     (tmp_path / "list.txt").write_text(f"{tmp_path / 'f0.h5'}\n{tmp_path / 'f1.h5'}\n")
     layer = layer_of(f'layer {{ name: "h" type: "HDF5Data" top: "data" top: "label" '
                      f'hdf5_data_param {{ source: "{tmp_path / "list.txt"}" batch_size: 5 }} }}')
-    d = D.HDF5DataLayer(layer, caffe_pb2.TRAIN)
+    d = HDF5DataLayer(layer, caffe_pb2.TRAIN)
     assert d.top_shapes() == [(5, 2), (5,)]
     labels = np.concatenate([d.next_batch()["label"] for _ in range(3)])
     np.testing.assert_array_equal(labels, [0, 1, 2, 10, 11, 12, 13, 0, 1, 2, 10, 11, 12, 13, 0])
     layer.hdf5_data_param.shuffle = True
-    d = D.HDF5DataLayer(layer, caffe_pb2.TRAIN, type("Ctx", (), {"rng": np.random.default_rng(1)})())
+    d = HDF5DataLayer(layer, caffe_pb2.TRAIN, type("Ctx", (), {"rng": np.random.default_rng(1)})())
     seen = np.concatenate([d.next_batch()["label"] for _ in range(7)])
     assert sorted(seen[:7].tolist()) != seen[:7].tolist() or sorted(seen[7:14].tolist()) != seen[7:14].tolist()
     assert sorted(seen[:7].tolist()) == [0, 1, 2, 10, 11, 12, 13]
@@ -151,14 +154,14 @@ def test_hdf5_missing_dataset_is_named(tmp_path):
     layer = layer_of(f'layer {{ name: "h" type: "HDF5Data" top: "data" top: "target" '
                      f'hdf5_data_param {{ source: "{tmp_path / "list.txt"}" batch_size: 2 }} }}')
     with pytest.raises(CaffeNetError, match="no dataset 'target'"):
-        D.HDF5DataLayer(layer, caffe_pb2.TRAIN)
+        HDF5DataLayer(layer, caffe_pb2.TRAIN)
 
 
 def test_hdf5_output_appends(tmp_path):
     h5py = pytest.importorskip("h5py")
     layer = layer_of(f'layer {{ name: "o" type: "HDF5Output" bottom: "x" bottom: "y" '
                      f'hdf5_output_param {{ file_name: "{tmp_path / "out.h5"}" }} }}')
-    out = D.HDF5OutputLayer(layer, caffe_pb2.TEST)
+    out = HDF5OutputLayer(layer, caffe_pb2.TEST)
     assert out.top_shapes() == [] and out.next_batch() == {}
     out.write({"x": np.ones((2, 3)), "y": np.zeros(2)})
     out.write({"x": np.full((1, 3), 2.0), "y": np.ones(1)})
@@ -187,7 +190,7 @@ def test_image_data_layer(tmp_path):
     layer = layer_of(f'layer {{ name: "i" type: "ImageData" top: "data" top: "label" '
                      f'image_data_param {{ source: "{tmp_path / "list.txt"}" root_folder: "{tmp_path / "img"}/" '
                      f'batch_size: 3 new_height: 6 new_width: 5 }} }}')
-    d = D.ImageDataLayer(layer, caffe_pb2.TEST)
+    d = ImageDataLayer(layer, caffe_pb2.TEST)
     assert d.top_shapes() == [(3, 3, 6, 5), (3,)]
     b = d.next_batch()
     np.testing.assert_array_equal(b["label"], [0, 1, 2])
@@ -196,7 +199,7 @@ def test_image_data_layer(tmp_path):
     np.testing.assert_allclose(b["data"][:, 0, 0, 0], [7, 7, 7])
     np.testing.assert_array_equal(d.next_batch()["label"], [3, 0, 1])
     layer.image_data_param.is_color = False
-    assert D.ImageDataLayer(layer, caffe_pb2.TEST).top_shapes()[0] == (3, 1, 6, 5)
+    assert ImageDataLayer(layer, caffe_pb2.TEST).top_shapes()[0] == (3, 1, 6, 5)
 
 
 def test_window_data_layer(tmp_path):
@@ -208,7 +211,7 @@ def test_window_data_layer(tmp_path):
                      f'transform_param {{ crop_size: 8 mirror: true mean_value: 1 }} '
                      f'window_data_param {{ source: "{tmp_path / "windows.txt"}" batch_size: 8 '
                      f'fg_threshold: 0.5 bg_threshold: 0.5 fg_fraction: 0.25 context_pad: 2 }} }}')
-    d = D.WindowDataLayer(layer, caffe_pb2.TRAIN, type("Ctx", (), {"rng": np.random.default_rng(0)})())
+    d = WindowDataLayer(layer, caffe_pb2.TRAIN, type("Ctx", (), {"rng": np.random.default_rng(0)})())
     assert d.top_shapes() == [(8, 3, 8, 8), (8,)]
     b = d.next_batch()
     assert b["data"].shape == (8, 3, 8, 8)

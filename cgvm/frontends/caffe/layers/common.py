@@ -16,6 +16,7 @@ from cgvm.ops import indexing as ix
 from cgvm.ops import linalg
 from cgvm.ops import nn
 from cgvm.ops import reduce as red
+from cgvm.ops import join
 from cgvm.ops import shape as shp
 from cgvm.ops import sorting
 
@@ -160,7 +161,7 @@ def concat(layer, bottoms, ctx):
         a, c = tuple(bottoms[0].shape), tuple(b.shape)
         if len(a) != len(c) or a[:axis] + a[axis + 1:] != c[:axis] + c[axis + 1:]:
             raise ctx.error(f"bottom {i} of shape {c} does not fit bottom 0 of shape {a} for concat along axis {axis}")
-    return [shp.concat(*bottoms, axis=axis)]
+    return [join.concat(*bottoms, axis=axis)]
 
 
 @register("Slice")
@@ -186,7 +187,7 @@ def slice_layer(layer, bottoms, ctx):
         sizes = [size // tops] * tops
     if tops == 1:
         return [identity(x)]
-    parts = shp.split(x, axis=axis, sizes=sizes)
+    parts = join.split(x, axis=axis, sizes=sizes)
     return list(parts)
 
 
@@ -293,7 +294,7 @@ def argmax(layer, bottoms, ctx):
     indices = ew.cast(index, dtype=x.dtype)
     if param.out_max_val:
         values = sorting.take_along_axis(flat, index, axis=1)
-        return [shp.stack(indices, values, axis=1)]
+        return [join.stack(indices, values, axis=1)]
     return [shp.reshape(indices, shape=(num, 1, k))]
 
 
@@ -322,7 +323,7 @@ def tile(layer, bottoms, ctx):
         raise ctx.error("tile_param.tiles must be positive")
     axis = canonical_axis(param.axis, x.ndim, ctx)
     reps = tuple(param.tiles if i == axis else 1 for i in range(x.ndim))
-    return [shp.tile(x, reps=reps)]
+    return [join.tile(x, reps=reps)]
 
 
 @register("Silence")

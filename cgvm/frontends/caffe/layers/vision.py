@@ -21,6 +21,7 @@ from cgvm.ops import elementwise as ew
 from cgvm.ops import indexing as ix
 from cgvm.ops import nn
 from cgvm.ops import pool
+from cgvm.ops import join
 from cgvm.ops import shape as shp
 
 _P = caffe_pb2.PoolingParameter
@@ -235,7 +236,7 @@ def spatial_pyramid_pooling(layer, bottoms, ctx):
         pad = ((kernel[0] * bins - h + 1) // 2, (kernel[1] * bins - w + 1) // 2)
         y = pool2d(x, layer.spp_param.pool, kernel, kernel, pad, True, ctx)[0]
         levels.append(shp.flatten(y, axis=1))
-    return [levels[0] if len(levels) == 1 else shp.concat(*levels, axis=1)]
+    return [levels[0] if len(levels) == 1 else join.concat(*levels, axis=1)]
 
 
 @register("LRN")

@@ -10,6 +10,7 @@ from ....ops import elementwise as ew
 from ....ops import elementwise_math as em
 from ....ops import linalg
 from ....ops import reduce as red
+from ....ops import join
 from ....ops import shape as shp
 from ..backend import to_value
 from .base import Layer, registry
@@ -81,7 +82,7 @@ class Concatenate(_Merge):
         self.axis = int(axis)
 
     def merge(self, xs):
-        return shp.concat(*xs, axis=self.axis)
+        return join.concat(*xs, axis=self.axis)
 
     def compute_mask(self, inputs, mask=None):
         """Keras' rule: masks widened to their inputs' shapes (an unmasked input counts as all true),
@@ -97,7 +98,7 @@ class Concatenate(_Merge):
             while m.ndim < x.ndim:
                 m = shp.expand_dims(m, axis=[m.ndim])
             full.append(ew.logical_or(m, ew.ne(shp.zeros_like(x), 0.0)))
-        joined = ew.cast(shp.concat(*full, axis=self.axis), dtype="float32")
+        joined = ew.cast(join.concat(*full, axis=self.axis), dtype="float32")
         return ew.gt(red.max(joined, axis=[joined.ndim - 1]), 0.0)
 
     def get_config(self):

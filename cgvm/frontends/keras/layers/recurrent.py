@@ -30,6 +30,7 @@ from ....ops import elementwise as ew
 from ....ops import indexing
 from ....ops import linalg
 from ....ops import nn
+from ....ops import join
 from ....ops import shape as shp
 from .. import activations
 from .. import initializers as initializers_mod
@@ -138,7 +139,7 @@ class RNNBase(Layer):
         elif len(input_masks) == 1:
             xw = linalg.matmul(ew.mul(x, shp.expand_dims(input_masks[0], axis=[1])), self.kernel.value)
         else:
-            xw = shp.concat(*[linalg.matmul(ew.mul(x, shp.expand_dims(m, axis=[1])), gate(self.kernel.value, k,
+            xw = join.concat(*[linalg.matmul(ew.mul(x, shp.expand_dims(m, axis=[1])), gate(self.kernel.value, k,
                                                                                            self.units))
                               for k, m in enumerate(input_masks)], axis=-1)
         b = self.input_bias()
@@ -264,7 +265,7 @@ class LSTM(RNNBase):
         h, c = states
         u = self.units
         if rec_masks:  # each gate sees the previous output through its own dropout mask
-            z = shp.concat(*[linalg.matmul(ew.mul(h, m), gate(params[0], k, u)) for k, m in enumerate(rec_masks)],
+            z = join.concat(*[linalg.matmul(ew.mul(h, m), gate(params[0], k, u)) for k, m in enumerate(rec_masks)],
                            axis=-1)
             z = ew.add(xw, z)
         else:
@@ -315,7 +316,7 @@ class GRU(RNNBase):
         # the previous output as gate k sees it (its own recurrent dropout mask, if any)
         h_for = [ew.mul(h, m) for m in rec_masks] if rec_masks else [h, h, h]
         if self.reset_after and rec_masks:
-            rec = shp.concat(*[linalg.matmul(h_for[k], gate(rk, k, u)) for k in range(3)], axis=-1)
+            rec = join.concat(*[linalg.matmul(h_for[k], gate(rk, k, u)) for k in range(3)], axis=-1)
             if len(params) > 1:
                 rec = ew.add(rec, params[1])
             z = self.recurrent_activation(ew.add(gate(xw, 0, u), gate(rec, 0, u)))

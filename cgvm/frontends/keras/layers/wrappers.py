@@ -11,13 +11,14 @@ from typing import Any, Optional
 from ....errors import GraphBuildError
 from ....ops import elementwise as ew
 from ....ops import indexing
+from ....ops import join
 from ....ops import shape as shp
 from ..backend import KerasTensor, inside_call, to_value
 from .base import Layer, registry
 
 
 def layer_from_config(config: Any) -> Layer:
-    from ..saving import deserialize_layer
+    from ..model_config import deserialize_layer
 
     return config if isinstance(config, Layer) else deserialize_layer(config)
 
@@ -87,7 +88,7 @@ class Bidirectional(Layer):
         if self.return_sequences:
             y_b = indexing.slice(y_b, steps=[-1], axes=[1])  # back into forward time order
         if self.merge_mode == "concat":
-            out = shp.concat(y_f, y_b, axis=-1)
+            out = join.concat(y_f, y_b, axis=-1)
         elif self.merge_mode == "sum":
             out = ew.add(y_f, y_b)
         elif self.merge_mode == "mul":
@@ -104,7 +105,7 @@ class Bidirectional(Layer):
         return out
 
     def get_config(self):
-        from ..saving import serialize_layer
+        from ..model_config import serialize_layer
 
         inner = self._layer_config
         return {**super().get_config(), "merge_mode": self.merge_mode, "layer": serialize_layer(inner),
@@ -132,6 +133,6 @@ class TimeDistributed(Layer):
         return shp.reshape(y, shape=(-1, steps) + tuple(y.shape[1:]))
 
     def get_config(self):
-        from ..saving import serialize_layer
+        from ..model_config import serialize_layer
 
         return {**super().get_config(), "layer": serialize_layer(self.layer)}

@@ -1,0 +1,145 @@
+"""``type: "HDF5Data"`` (reads batches from the HDF5 files of a list file) and ``type: "HDF5Output"``
+(a sink appending its bottoms to one HDF5 file); both need h5py.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Tuple
+
+import numpy as np
+
+from cgvm.frontends.caffe import caffe_pb2
+from cgvm.frontends.caffe.data_common import layer_error, layer_rng, read_list_file
+
+
+class HDF5DataLayer:
+    """``type: "HDF5Data"``: each top reads the dataset named like it from the files of a list file.
+
+    Rows are read in order (or shuffled, with the file order, when ``shuffle``); a batch runs
+    on into the next file, and the last file wraps to the first.
+    """
+
+    def __init__(self, layer: caffe_pb2.LayerParameter, phase: int, ctx: Any = None):
+        if not layer.top:
+            raise layer_error(ctx, layer, "HDF5Data needs at least one top")
+        try:
+            import h5py  # noqa: F401
+        except ImportError:
+            raise layer_error(ctx, layer, "the HDF5Data layer needs h5py: pip install h5py") from None
+        param = layer.hdf5_data_param
+        self.layer, self.tops = layer, list(layer.top)
+        self.batch_size = int(param.batch_size)
+        if self.batch_size <= 0:
+            raise layer_error(ctx, layer, "hdf5_data_param.batch_size must be positive")
+        self.files = read_list_file(param.source, layer, ctx)
+        if not self.files:
+            raise layer_error(ctx, layer, f"the list file {param.source!r} names no HDF5 files")
+        self.shuffle = bool(param.shuffle)
+        self.rng = layer_rng(ctx)
+        self.ctx = ctx
+        self.file_order = np.arange(len(self.files))
+        if self.shuffle:
+            self.rng.shuffle(self.file_order)
+        self.file_pos = 0
+        self._load(self.file_order[0])
+
+    def _load(self, index: int) -> None:
+        import h5py
+
+        path = self.files[index]
+        if not os.path.isfile(path):
+            raise layer_error(self.ctx, self.layer,
+                              f"HDF5 file {path!r} (listed in {self.layer.hdf5_data_param.source!r}) not found")
+        with h5py.File(path, "r") as f:
+            missing = [t for t in self.tops if t not in f]
+            if missing:
+                raise layer_error(self.ctx, self.layer, f"{path!r} has no dataset {missing[0]!r} (each top reads the "
+                                  f"dataset of its name; the file has {sorted(f.keys())})")
+            self.current = {t: np.asarray(f[t], dtype=np.float32) for t in self.tops}
+        rows = {len(a) for a in self.current.values()}
+        if len(rows) != 1:
+            raise layer_error(self.ctx, self.layer, f"the datasets of {path!r} have different numbers of rows {rows}")
+        self.rows = rows.pop()
+        self.row_order = np.arange(self.rows)
+        if self.shuffle:
+            self.rng.shuffle(self.row_order)
+        self.row = 0
+
+    def top_shapes(self) -> List[Tuple[int, ...]]:
+        return [(self.batch_size,) + self.current[t].shape[1:] for t in self.tops]
+
+    def get_state(self) -> Dict[str, Any]:
+        return {"file_order": self.file_order.tolist(), "file_pos": self.file_pos, "row": self.row,
+                "row_order": self.row_order.tolist()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        self.file_order = np.asarray(state["file_order"], np.int64)
+        self.file_pos = int(state["file_pos"])
+        self._load(self.file_order[self.file_pos])
+        self.row, self.row_order = int(state["row"]), np.asarray(state["row_order"], np.int64)
+
+    def next_batch(self) -> Dict[str, np.ndarray]:
+        out = {t: np.empty((self.batch_size,) + a.shape[1:], np.float32) for t, a in self.current.items()}
+        for i in range(self.batch_size):
+            if self.row >= self.rows:
+                self.file_pos += 1
+                if self.file_pos >= len(self.files):
+                    self.file_pos = 0
+                    if self.shuffle:
+                        self.rng.shuffle(self.file_order)
+                if len(self.files) > 1:
+                    self._load(self.file_order[self.file_pos])
+                else:
+                    self.row = 0
+                    if self.shuffle:
+                        self.rng.shuffle(self.row_order)
+            r = self.row_order[self.row]
+            for t in self.tops:
+                out[t][i] = self.current[t][r]
+            self.row += 1
+        return out
+
+
+class HDF5OutputLayer:
+    """``type: "HDF5Output"``: writes its bottoms (data, label) to ``hdf5_output_param.file_name``.
+
+    Each ``write`` appends the batch to datasets named ``data`` and ``label`` (Caffe's names),
+    growing them along the first axis.
+    """
+
+    dataset_names = ("data", "label")
+
+    def __init__(self, layer: caffe_pb2.LayerParameter, phase: int, ctx: Any = None):
+        try:
+            import h5py  # noqa: F401
+        except ImportError:
+            raise layer_error(ctx, layer, "the HDF5Output layer needs h5py: pip install h5py") from None
+        if len(layer.bottom) != 2:
+            raise layer_error(ctx, layer, f"HDF5Output takes 2 bottoms (data, label), got {len(layer.bottom)}")
+        self.layer, self.bottoms = layer, list(layer.bottom)
+        self.file_name = layer.hdf5_output_param.file_name
+        if not self.file_name:
+            raise layer_error(ctx, layer, "hdf5_output_param.file_name is required")
+        import h5py
+
+        with h5py.File(self.file_name, "w"):
+            pass  # Caffe truncates the file when the layer is set up
+
+    def top_shapes(self) -> List[Tuple[int, ...]]:
+        return []
+
+    def next_batch(self) -> Dict[str, np.ndarray]:
+        return {}
+
+    def write(self, bottoms: Mapping[str, np.ndarray]) -> None:
+        import h5py
+
+        with h5py.File(self.file_name, "a") as f:
+            for bottom, name in zip(self.bottoms, self.dataset_names):
+                arr = np.asarray(bottoms[bottom], dtype=np.float32)
+                if name not in f:
+                    f.create_dataset(name, data=arr, maxshape=(None,) + arr.shape[1:])
+                else:
+                    ds = f[name]
+                    ds.resize(ds.shape[0] + arr.shape[0], axis=0)
+                    ds[-arr.shape[0]:] = arr
