@@ -5,6 +5,8 @@ import os
 from abc import ABC, abstractmethod
 from typing import Any, Dict, Optional
 
+import numpy as np
+
 
 class Backend(ABC):
     """An array module (``xp``) and its device. Kernels are written once against ``xp``."""
@@ -30,6 +32,11 @@ class Backend(ABC):
 
 
 _BACKENDS: Dict[str, Backend] = {}
+
+
+def host_array(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array, copied off the device when it lives on one (a CuPy array), else as is."""
+    return np.asarray(x.get() if hasattr(x, "get") else x)
 
 
 def get_backend(name: Optional[str] = None) -> Backend:

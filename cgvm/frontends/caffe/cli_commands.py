@@ -17,6 +17,7 @@ from typing import Any, Iterator, List, Optional
 
 import numpy as np
 
+from cgvm.backend import host_array
 from cgvm.cli import command
 from cgvm.errors import BackendUnavailable, CgvmError
 
@@ -77,10 +78,6 @@ def _threads(args: argparse.Namespace) -> Iterator[None]:
 
         set_num_threads(args.threads)
     yield
-
-
-def _host(array: Any) -> np.ndarray:
-    return np.asarray(array.get() if hasattr(array, "get") else array)
 
 
 class _Progress:
@@ -204,7 +201,7 @@ def _test(args: argparse.Namespace) -> int:
             total_loss += loss
             k = 0
             for name in names:
-                values = _host(net.blobs[name].data).astype(np.float64)
+                values = host_array(net.blobs[name].data).astype(np.float64)
                 sums[name] = sums[name] + values if name in sums else values.copy()
                 for v in values.ravel():
                     print(f"Batch {i}, {name} = {v:.6g}")
@@ -377,7 +374,7 @@ def _classify(args: argparse.Namespace) -> int:
     net.blobs[name].reshape(len(batch), *shape[1:])
     net.reshape()
     out = net.forward(**{name: batch})
-    probs = _host(out[net.outputs[0]]).reshape(len(batch), -1)
+    probs = host_array(out[net.outputs[0]]).reshape(len(batch), -1)
     for path, row in zip(args.input, probs):
         print(f"{path}: {net.outputs[0]}")
         for k in np.argsort(-row, kind="stable")[:args.top]:

@@ -11,7 +11,6 @@ a small JSON file beside it adds the random generators and data positions Caffe 
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -21,11 +20,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from cgvm.frontends.caffe import caffe_pb2
+from cgvm.frontends.caffe import solver_state
 from cgvm.frontends.caffe import solver_updates as su
 from cgvm.frontends.caffe import weights as _weights
 from cgvm.frontends.caffe.errors import CaffeError
-from cgvm.frontends.caffe.io import array_to_blobproto, blobproto_to_array
-from cgvm.frontends.caffe.prototxt import read_solver, read_solver_state, write_solver_state
+from cgvm.frontends.caffe.prototxt import read_solver
+from cgvm.backend import host_array
 from cgvm.compiled import Function
 from cgvm.ir import TensorType, input_value, param_value
 from cgvm.ops import elementwise as ew
@@ -34,11 +34,6 @@ from cgvm.vm.workspace import Workspace
 
 __all__ = ["Solver", "SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver",
            "AdamSolver", "get_solver", "SOLVERS"]
-
-#: Beside each .solverstate: the random generators and data read positions (JSON), so a restored
-#: run draws the same batches, crops and dropout masks as an uninterrupted one. Caffe ignores it.
-RUN_STATE_SUFFIX = ".cgvm-run.json"
-
 
 class Solver:
     """Caffe's Solver over cgvm nets. ``Solver(solver_file)`` or ``Solver(param=SolverParameter)``.
@@ -250,7 +245,7 @@ class Solver:
                 self._log(f"Iteration {self.iter} ({rate:.4g} iter/s, {now - tick:.4g}s/{p.display} iters), "
                           f"loss = {self._smoothed:.6g}")
                 tick, tick_iter = now, self.iter
-                self._log_outputs("Train", self.net, [np.asarray(_host(r)) for r in results[1:]],
+                self._log_outputs("Train", self.net, [host_array(r) for r in results[1:]],
                                   self._output_names)
                 self._log(f"Iteration {self.iter}, lr = {self._rate:.6g}")
             for _, on_gradients_ready in self._callbacks:
@@ -312,7 +307,7 @@ class Solver:
         for _ in range(batches):
             loss += net._forward(0, last)
             for name in names:
-                value = np.asarray(_host(ws[net._entry(name)]), np.float64)
+                value = host_array(ws[net._entry(name)]).astype(np.float64)
                 sums[name] = sums[name] + value if name in sums else value.copy()
         if self.param.test_compute_loss:
             self._log(f"Test loss: {loss / max(batches, 1):.6g}")
@@ -361,97 +356,11 @@ class Solver:
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> Tuple[str, str]:
         """Write ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate`` (``.h5`` both for HDF5)."""
-        p = self.param
-        prefix = p.snapshot_prefix or (os.path.splitext(self.solver_file)[0] if self.solver_file else "snapshot")
-        hdf5 = p.snapshot_format == caffe_pb2.SolverParameter.HDF5
-        model = f"{prefix}_iter_{self.iter}.caffemodel" + (".h5" if hdf5 else "")
-        state = f"{prefix}_iter_{self.iter}.solverstate" + (".h5" if hdf5 else "")
-        kind = "HDF5 file" if hdf5 else "binary proto file"
-        self._log(f"Snapshotting to {kind} {model}")
-        (_weights.save_hdf5 if hdf5 else _weights.save)(self.net, model, write_diff=p.snapshot_diff)
-        self._log(f"Snapshotting solver state to {kind} {state}")
-        histories = self._history_arrays()
-        if hdf5:
-            import h5py
-
-            with h5py.File(state, "w") as f:
-                f.create_dataset("iter", data=np.int32(self.iter))
-                f.create_dataset("learned_net", data=model.encode())
-                f.create_dataset("current_step", data=np.int32(self.current_step))
-                group = f.create_group("history")
-                for i, array in enumerate(histories):
-                    group.create_dataset(str(i), data=array)
-        else:
-            msg = caffe_pb2.SolverState(iter=self.iter, learned_net=model, current_step=self.current_step)
-            msg.history.extend(array_to_blobproto(a) for a in histories)
-            write_solver_state(msg, state)
-        with open(state + RUN_STATE_SUFFIX, "w") as f:
-            json.dump(self._run_state(), f)
-        return model, state
-
-    def _run_state(self) -> Dict[str, Any]:
-        """What Caffe's SolverState lacks for an exact resume: random generators and data positions."""
-        nets = []
-        for net in [self.net] + self.test_nets:
-            layers = {info.name: info.data.get_state() for info in net.layer_infos
-                      if info.data is not None and hasattr(info.data, "get_state")}
-            nets.append({"rng": net._rng.bit_generator.state, "data": layers})
-        return {"format": "cgvm-solver-run-state/1", "nets": nets}
-
-    def _set_run_state(self, state: Dict[str, Any]) -> None:
-        for net, saved in zip([self.net] + self.test_nets, state.get("nets", [])):
-            for info in net.layer_infos:
-                if info.name in saved["data"] and hasattr(info.data, "set_state"):
-                    info.data.set_state(saved["data"][info.name])
-            # last: reloading a data file may draw from the generator, which data layers share
-            net._rng.bit_generator.state = saved["rng"]
-
-    def _history_entries(self) -> List[Tuple[str, Tuple[int, ...]]]:
-        """History entries in Caffe's order: every param's first history, then every param's second."""
-        params = self.net.learnable_params
-        return [(self._histories[p.name][k], p.shape) for k in range(su.HISTORY_COUNT[self.type_name])
-                for p in params]
-
-    def _history_arrays(self) -> List[np.ndarray]:
-        return [np.asarray(_host(self.workspace[e])) for e, _ in self._history_entries()]
+        return solver_state.write_snapshot(self)
 
     def restore(self, state_file: str) -> None:
         """Load a .solverstate (or .solverstate.h5): iteration, lr position, weights and histories."""
-        if not os.path.isfile(state_file):
-            raise FileNotFoundError(f"Could not open file {state_file}")
-        if state_file.endswith(".h5"):
-            import h5py
-
-            with h5py.File(state_file, "r") as f:
-                iteration, current_step = int(f["iter"][()]), int(f["current_step"][()]) if "current_step" in f else 0
-                learned = f["learned_net"][()] if "learned_net" in f else b""
-                learned = learned.decode() if isinstance(learned, bytes) else str(learned)
-                group = f.get("history")
-                histories = [np.asarray(group[str(i)]) for i in range(len(group))] if group is not None else []
-        else:
-            msg = read_solver_state(state_file)
-            iteration, current_step, learned = msg.iter, msg.current_step, msg.learned_net
-            histories = [blobproto_to_array(b) for b in msg.history]
-        entries = self._history_entries()
-        if len(histories) != len(entries):
-            raise CaffeError(f"{state_file}: the state holds {len(histories)} history blobs; this {self.type_name} "
-                             f"solver needs {len(entries)} (is it from another solver type or net?)")
-        staged = []
-        for (entry, shape), array in zip(entries, histories):
-            if int(np.prod(array.shape)) != int(np.prod(shape)):
-                raise CaffeError(f"{state_file}: history blob for {entry!r} has shape {array.shape}, "
-                                 f"the net needs {shape}")
-            staged.append((entry, np.asarray(array, self._dtype()).reshape(shape)))
-        if learned:
-            path = learned if os.path.exists(learned) else os.path.join(os.path.dirname(state_file),
-                                                                         os.path.basename(learned))
-            self.net.copy_from(path)
-        for entry, array in staged:
-            self.workspace.set(entry, array)
-        self.iter, self.current_step = iteration, current_step
-        if os.path.isfile(state_file + RUN_STATE_SUFFIX):
-            with open(state_file + RUN_STATE_SUFFIX) as f:
-                self._set_run_state(json.load(f))
+        solver_state.restore(self, state_file)
 
     def _log(self, message: str) -> None:
         if self.log_stream is not None:
@@ -509,10 +418,6 @@ def _has_generic_net(param: caffe_pb2.SolverParameter) -> bool:
 
 def _split_weights(entries) -> List[str]:
     return [w for entry in entries for w in entry.split(",") if w]
-
-
-def _host(array: Any) -> Any:
-    return array.get() if hasattr(array, "get") else array
 
 
 def _default_backend() -> str:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Dict, List, Tuple
 
 import numpy as np
 
+from cgvm.backend import host_array
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeNetError, CaffeParseError
 from cgvm.frontends.caffe.prototxt import HDF5_SIGNATURE, blobproto_shape, read_net_binary, write_net_binary
@@ -123,14 +124,10 @@ def to_proto(net: "Net", write_diff: bool = False) -> caffe_pb2.NetParameter:
         for param in info.params:
             blob = layer.blobs.add()
             blob.shape.dim.extend(param.shape)
-            blob.data.extend(np.asarray(_host(ws[param.name]), np.float32).ravel().tolist())
+            blob.data.extend(np.asarray(host_array(ws[param.name]), np.float32).ravel().tolist())
             if write_diff:
-                blob.diff.extend(np.asarray(_host(ws[param.diff_name]), np.float32).ravel().tolist())
+                blob.diff.extend(np.asarray(host_array(ws[param.diff_name]), np.float32).ravel().tolist())
     return out
-
-
-def _host(array):
-    return array.get() if hasattr(array, "get") else array
 
 
 def save(net: "Net", path: str, write_diff: bool = False) -> None:
@@ -151,7 +148,7 @@ def save_hdf5(net: "Net", path: str, write_diff: bool = False) -> None:
                 layer_group = group.create_group(info.name)
                 for index, param in enumerate(info.params):
                     if param.layer == info.name:
-                        layer_group.create_dataset(str(index), data=np.asarray(_host(ws[getattr(param, attr)])))
+                        layer_group.create_dataset(str(index), data=host_array(ws[getattr(param, attr)]))
 
 
 def share_with(net: "Net", other: "Net") -> None:

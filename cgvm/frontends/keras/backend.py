@@ -19,6 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from ...backend import host_array
 from ...ir.graph import PARAM, Value, param_value
 from ...ir.types import DType, TensorType
 from ...ops import elementwise as ew
@@ -253,8 +254,7 @@ class Variable:
         return self.value.dtype.name
 
     def numpy(self) -> np.ndarray:
-        arr = self.workspace[self.path]
-        return np.array(arr.get() if hasattr(arr, "get") else arr)
+        return host_array(self.workspace[self.path]).copy()
 
     def assign(self, value: Any) -> None:
         arr = np.asarray(value, dtype=self.value.dtype.np)
@@ -375,4 +375,4 @@ def shape_of(x: Any) -> Any:
 
 
 def as_array(x: Any) -> np.ndarray:
-    return np.asarray(x.get() if hasattr(x, "get") else x)
+    return host_array(x)
