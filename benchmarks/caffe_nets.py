@@ -108,8 +108,10 @@ def rows(quick: bool = False) -> List[Row]:
         forward_row("LeNet", os.path.join(HERE, "models", "lenet", "lenet_deploy.prototxt"), 1, 200),
         forward_row("LeNet", os.path.join(HERE, "models", "lenet", "lenet_deploy.prototxt"), 16, 50),
         lenet_train_row(),
+        forward_row("AlexNet", os.path.join(SHARED, "bvlc_alexnet", "deploy.prototxt"), 1, 3 if quick else 10),
         forward_row("AlexNet", os.path.join(SHARED, "bvlc_alexnet", "deploy.prototxt"), 16, 1 if quick else 2),
     ]
     if not quick:
+        out.append(forward_row("GoogLeNet", os.path.join(SHARED, "bvlc_googlenet", "deploy.prototxt"), 1, 5))
         out.append(forward_row("GoogLeNet", os.path.join(SHARED, "bvlc_googlenet", "deploy.prototxt"), 16, 1))
     return [r for r in out if r is not None]

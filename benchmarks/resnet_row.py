@@ -1,4 +1,4 @@
-"""ResNet-18-shaped inference at batch 16: cgvm (benchmarks/nets.py) beside the same net, same weights,
+"""ResNet-18-shaped inference at batch 1 and 16: cgvm (benchmarks/nets.py) beside the same net, same weights,
 written with torch.nn.functional."""
 from __future__ import annotations
 
@@ -40,15 +40,19 @@ def _torch_resnet18(net: nets.Net):
     return forward
 
 
-def rows(quick: bool = False) -> List[Row]:
-    net = nets.resnet18(batch=16)
+def _row(batch: int, number: int) -> Row:
+    net = nets.resnet18(batch=batch)
     f = nets.inference(net)
     x, _ = nets.batch(net)
-    row = Row("ResNet-18-shaped forward, batch 16", number=1 if quick else 2, rounds=5)
+    row = Row(f"ResNet-18-shaped forward, batch {batch}", number=number, rounds=5)
     row.add("cgvm", lambda: f(x))
     if _torch() is not None:
         torch_forward = _torch_resnet18(net)
         tx = _torch().from_numpy(x)
         np.testing.assert_allclose(f(x), torch_forward(tx).numpy(), rtol=2e-3, atol=2e-3)
         row.add("torch", lambda: torch_forward(tx))
-    return [row]
+    return row
+
+
+def rows(quick: bool = False) -> List[Row]:
+    return [_row(1, 2 if quick else 5), _row(16, 1 if quick else 2)]

@@ -5,7 +5,9 @@ Forward: ``forward_methods`` lists what can compute a convolution, fastest first
 else im2col); ``conv_forward`` runs the first whose temporaries fit in the scratch block it is
 given (cgvm.ops.scratch). im2col copies the windows of a chunk of samples (zero-padded one chunk
 at a time) into a contiguous (chunk, groups, C/g·Πk, L) block, then GEMMs over (samples,
-groups). col2im (the input gradient, and the transposed convolution) is a loop over kernel
+groups); a sample whose columns alone exceed the budget goes a band of output rows at a time
+(ResNet's 7x7 stem on 224x224 images: 7.4 MB of columns a sample, 1.5 MiB of scratch in bands,
+at the same speed within the machine's noise). col2im (the input gradient, and the transposed convolution) is a loop over kernel
 offsets adding strided slices, no scatter. Each kernel's temporaries are a Layout, so the ops
 declare them as scratch and the memory plan holds them.
 """
@@ -51,6 +53,16 @@ def sample_chunks(n: int, bytes_per_sample: int) -> List[Tuple[int, int]]:
     """[start, stop) ranges over the batch, each holding about COLUMN_BUDGET_BYTES of columns."""
     size = max(1, COLUMN_BUDGET_BYTES // max(bytes_per_sample, 1))
     return [(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _band_rows(out_sizes: Sequence[int], per_sample_bytes: int) -> int:
+    """Output rows (along the first spatial axis) whose im2col columns are built and multiplied at
+    a time: all of a sample's, unless its columns exceed COLUMN_BUDGET_BYTES (ResNet's 7x7 stem on
+    224x224 images: 7.4 MB a sample), then a band of rows whose columns stay in cache."""
+    if not out_sizes or per_sample_bytes <= COLUMN_BUDGET_BYTES:
+        return out_sizes[0] if out_sizes else 1
+    per_row = per_sample_bytes // out_sizes[0]
+    return max(1, min(out_sizes[0], COLUMN_BUDGET_BYTES // max(per_row, 1)))
 
 
 def _chunk_windows(xp: Any, x: Any, padded: Optional[Any], ksize: Sequence[int], out_sizes: Sequence[int],
@@ -112,8 +124,9 @@ def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], has_bias: boo
     rows = cg * dims_product(w_shape[2:])
     bias_row = has_bias and rows < BIAS_ROW_BELOW
     rows += bias_row
-    chunk = sample_chunks(n, g * rows * length * np.dtype(dtype).itemsize)[0][1]
-    layout: Layout = [("cols", (chunk, g, rows, length), dtype)]
+    per_sample = g * rows * length * np.dtype(dtype).itemsize
+    chunk = sample_chunks(n, per_sample)[0][1]
+    layout: Layout = [("cols", (chunk, g, rows, _band_rows(out_sizes, per_sample) * dims_product(out_sizes[1:])), dtype)]
     if any(b or e for b, e in geo.pads):
         layout.append(("padded", (chunk, c) + tuple(s + b + e for s, (b, e) in zip(x_shape[2:], geo.pads)), dtype))
     if bias_row:
@@ -154,21 +167,32 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
     else:
         cols, padded = temps["cols"], temps.get("padded")
         kc = cg * dims_product(ksize)
+        rows = cols.shape[2]
+        inner = dims_product(out_sizes[1:])
+        band = cols.shape[3] // inner     # output rows per GEMM: all of them, unless one sample's columns are too many
         if "wmat" in temps:
             # few rows: the bias rides in the GEMM as a row of ones in the columns (for ~1/kc more
             # work), where a pass over the output would cost about as much as the GEMM
-            cols[:, :, kc:] = 1
             wb = temps["wmat"]
             wb[:, :, :kc] = wmat
             wb[:, :, kc] = b.reshape(g, og)
             wmat, b = wb, None
-        block = (g, cg) + ksize + out_sizes
-        for start, stop, view in _chunk_windows(xp, x, padded, ksize, out_sizes, geo, cols[0].size):
+        flat = cols.reshape(-1)
+        for start, stop, view in _chunk_windows(xp, x, padded, ksize, out_sizes, geo, g * rows * length):
             m = stop - start
-            cols[:m, :, :kc].reshape((m,) + block)[...] = view.reshape((m,) + block)
-            _grouped_matmul(xp, wmat, cols[:m], out=results[start:stop])
-            if b is not None:    # while the chunk's output is in cache
-                results[start:stop] += b.reshape(1, g, og, 1)
+            for r0 in range(0, out_sizes[0], band):
+                r1 = min(out_sizes[0], r0 + band)
+                span = (r1 - r0) * inner
+                part = flat[:m * g * rows * span].reshape(m, g, rows, span)
+                if rows > kc:
+                    part[:, :, kc:] = 1
+                part[:, :, :kc].reshape((m, g, cg) + ksize + (r1 - r0,) + out_sizes[1:])[...] = \
+                    view[(slice(None),) * (2 + geo.nsp) + (slice(r0, r1),)].reshape(
+                        (m, g, cg) + ksize + (r1 - r0,) + out_sizes[1:])
+                result = results[start:stop, :, :, r0 * inner:r1 * inner]
+                _grouped_matmul(xp, wmat, part, out=result)
+                if b is not None:    # while the chunk's output is in cache
+                    result += b.reshape(1, g, og, 1)
     return target if out is None or target is out else store(xp, target, out)
 
 

@@ -228,6 +228,37 @@ def test_nd_matches_2d_with_unit_axis():
     np.testing.assert_allclose(three[:, :, 0], two, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cfg", [
+    dict(x=(2, 3, 9, 7), w=(4, 3, 3, 3), bias=True, stride=2, pad=1),          # bias rides in the GEMM (few rows)
+    dict(x=(1, 8, 7, 6), w=(6, 4, 3, 2), bias=True, stride=1, pad=(1, 0), groups=2),
+    dict(x=(2, 40, 6, 5), w=(3, 40, 2, 2), bias=True, stride=1, pad=0),         # bias added after the GEMM
+    dict(x=(2, 2, 11), w=(3, 2, 3), bias=False, stride=2, pad=2),               # 1-D
+    dict(x=(1, 2, 4, 5, 6), w=(3, 2, 2, 3, 2), bias=True, stride=1, pad=1),     # 3-D
+])
+def test_im2col_in_bands_of_output_rows_matches_the_loop(monkeypatch, cfg):
+    """A sample whose columns exceed the budget is done a band of output rows at a time (the
+    last band shorter); with a budget of one byte every band is one row."""
+    from cgvm.ops import conv_im2col as ci
+    from cgvm.ops.conv_geometry import ConvGeometry
+    from cgvm.ops.scratch import layout_bytes
+
+    x, w = r(*cfg["x"]), r(*cfg["w"])
+    b = r(w.shape[0]) if cfg["bias"] else None
+    nsp = x.ndim - 2
+    stride, pad, groups = spatial(cfg["stride"], nsp), cfg["pad"], cfg.get("groups", 1)
+    geo = ConvGeometry(nsp, stride, spatial(pad, nsp) if isinstance(pad, int) else pad, (1,) * nsp, groups)
+    want = ref_conv(x, w, b, stride=cfg["stride"], pad=pad, groups=groups)
+    for budget in (1, 3 * 4 * w[0].size):        # one row a band; a few rows, ragged last band
+        monkeypatch.setattr(ci, "COLUMN_BUDGET_BYTES", budget)
+        layout = ci.forward_layout(x.shape, w.shape, b is not None, np.float32, geo, ("im2col", 0))
+        scratch = np.empty(layout_bytes(layout), np.uint8)
+        got = ci.conv_forward(np, x, w, b, geo, None, scratch)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        if budget == 1:
+            assert dict((name, shape) for name, shape, _ in layout)["cols"][-1] == \
+                int(np.prod(want.shape[3:]))   # columns of one output row
+
+
 # --------------------------------------------------------------------------- kernels honour `out`
 
 def test_kernels_write_into_out():
