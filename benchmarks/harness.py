@@ -97,7 +97,7 @@ def machine() -> str:
     from cgvm.backend.threads import num_threads
 
     bits = [platform.platform(), f"Python {platform.python_version()}", f"NumPy {np.__version__}",
-            f"{os.cpu_count()} CPUs", f"BLAS/torch threads {num_threads()}",
+            f"{os.cpu_count()} CPUs", f"threads {num_threads()} (every BLAS, torch)",
             f"load average {os.getloadavg()[0]:.1f}"]
     for mod in ("torch", "pytensor"):
         try:
