@@ -7,9 +7,9 @@ given (cgvm.ops.scratch). im2col copies the windows of a chunk of samples (zero-
 at a time) into a contiguous (chunk, groups, C/g·Πk, L) block, then GEMMs over (samples,
 groups); a sample whose columns alone exceed the budget goes a band of output rows at a time
 (ResNet's 7x7 stem on 224x224 images: 7.4 MB of columns a sample, 1.5 MiB of scratch in bands,
-at the same speed within the machine's noise). col2im (the input gradient, and the transposed convolution) is a loop over kernel
-offsets adding strided slices, no scatter. Each kernel's temporaries are a Layout, so the ops
-declare them as scratch and the memory plan holds them.
+at the same speed within the machine's noise). col2im (the input gradient, and the transposed
+convolution) is a loop over kernel offsets adding strided slices, no scatter. Each kernel's
+temporaries are a Layout, so the ops declare them as scratch and the memory plan holds them.
 """
 from __future__ import annotations
 
@@ -126,7 +126,8 @@ def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], has_bias: boo
     rows += bias_row
     per_sample = g * rows * length * np.dtype(dtype).itemsize
     chunk = sample_chunks(n, per_sample)[0][1]
-    layout: Layout = [("cols", (chunk, g, rows, _band_rows(out_sizes, per_sample) * dims_product(out_sizes[1:])), dtype)]
+    span = _band_rows(out_sizes, per_sample) * dims_product(out_sizes[1:])   # columns per GEMM
+    layout: Layout = [("cols", (chunk, g, rows, span), dtype)]
     if any(b or e for b, e in geo.pads):
         layout.append(("padded", (chunk, c) + tuple(s + b + e for s, (b, e) in zip(x_shape[2:], geo.pads)), dtype))
     if bias_row:
@@ -169,7 +170,7 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
         kc = cg * dims_product(ksize)
         rows = cols.shape[2]
         inner = dims_product(out_sizes[1:])
-        band = cols.shape[3] // inner     # output rows per GEMM: all of them, unless one sample's columns are too many
+        band = cols.shape[3] // inner     # output rows per GEMM (fewer than all: see _band_rows)
         if "wmat" in temps:
             # few rows: the bias rides in the GEMM as a row of ones in the columns (for ~1/kc more
             # work), where a pass over the output would cost about as much as the GEMM
