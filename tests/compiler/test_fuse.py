@@ -20,6 +20,7 @@ from cgvm.ops import fused as F
 from cgvm.ops import linalg as L
 from cgvm.ops import reduce as R
 from cgvm.vm import eval_graph
+from shared_paths import SHARED_CAFFE_MODELS
 
 RNG = np.random.default_rng(0)
 TOL = dict(rtol=1e-5, atol=1e-6)
@@ -330,7 +331,7 @@ def test_fused_graphs_serialize_and_load_back():
 
 # --------------------------------------------------------------------------- whole models
 
-MODEL_DIRS = [Path(__file__).resolve().parents[2] / "models", Path("/work/shared/models/caffe")]
+MODEL_DIRS = [Path(__file__).resolve().parents[2] / "models", SHARED_CAFFE_MODELS]
 DEPLOY_NETS = sorted(str(p) for d in MODEL_DIRS if d.is_dir() for p in d.glob("*/*.prototxt")
                      if "solver" not in p.name and "train" not in p.name and "autoencoder" not in p.name)
 

@@ -27,9 +27,10 @@ from cgvm.ops import loss as LS
 from cgvm.ops import pool as P
 from cgvm.ops import reduce as R
 from cgvm.ops import shape as S
+from shared_paths import SHARED_CAFFE_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
-ALEXNET = ROOT.parent / "shared" / "models" / "caffe" / "bvlc_alexnet" / "deploy.prototxt"
+ALEXNET = SHARED_CAFFE_MODELS / "bvlc_alexnet" / "deploy.prototxt"
 
 
 def mlp(sizes=(64, 256, 256, 256, 10), batch=None, seed=0):

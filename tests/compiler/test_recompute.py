@@ -26,9 +26,10 @@ from cgvm.ops import loss as LS
 from cgvm.ops import nn as NN
 from cgvm.ops import pool as P
 from cgvm.ops import shape as S
+from shared_paths import SHARED_CAFFE_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "models" / "caffe"
+SHARED = SHARED_CAFFE_MODELS
 
 
 def dense_chain(blocks, batch=16, width=8, dropout_every=0, seed=0):

@@ -12,8 +12,9 @@ torch = pytest.importorskip("torch")
 
 import cgvm.caffe as caffe  # noqa: E402
 from benchmarks.torch_caffe import torch_forward  # noqa: E402
+from shared_paths import SHARED_CAFFE_MODELS  # noqa: E402
 
-MODELS = "/work/shared/models/caffe"
+MODELS = str(SHARED_CAFFE_MODELS)
 NETS = [("lenet/lenet.prototxt", 2), ("cifar10_quick/cifar10_quick.prototxt", 2),
         ("bvlc_alexnet/deploy.prototxt", 1), ("bvlc_googlenet/deploy.prototxt", 1),
         ("legacy_input_dim_caffenet/deploy.prototxt", 1)]

@@ -1,7 +1,6 @@
 """Layer selection by NetState rules and Split insertion, with Caffe's semantics and names."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,9 @@ from cgvm.frontends.caffe.filter import (
     state_meets_rule, to_phase,
 )
 from cgvm.frontends.caffe.prototxt import parse_net_text, read_net
+from shared_paths import SHARED_CAFFE_MODELS
 
-MODELS = Path(__file__).resolve().parents[3].parent / "shared" / "models" / "caffe"
+MODELS = SHARED_CAFFE_MODELS
 needs_models = pytest.mark.skipif(not MODELS.is_dir(), reason="shared/models/caffe not present")
 
 

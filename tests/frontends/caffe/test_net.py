@@ -11,8 +11,9 @@ import pytest
 import cgvm.caffe as caffe
 from cgvm.frontends.caffe.errors import CaffeError, CaffeNetError, CaffeParseError
 from cgvm.frontends.caffe.prototxt import read_net_binary
+from shared_paths import SHARED_CAFFE_MODELS
 
-MODELS = "/work/shared/models/caffe"
+MODELS = str(SHARED_CAFFE_MODELS)
 
 SIMPLE = """name: "testnet"
 force_backward: true

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +14,9 @@ from cgvm.frontends.caffe.prototxt import (
     read_blobproto, read_net, read_net_binary, read_net_with_lines, read_solver, read_solver_state, write_blobproto,
     write_net_binary, write_net_text, write_solver_state,
 )
+from shared_paths import SHARED_CAFFE_MODELS
 
-MODELS = Path(__file__).resolve().parents[3].parent / "shared" / "models" / "caffe"
+MODELS = SHARED_CAFFE_MODELS
 needs_models = pytest.mark.skipif(not MODELS.is_dir(), reason="shared/models/caffe not present")
 NET_FILES = sorted(p for p in MODELS.glob("*/*.prototxt") if "solver" not in p.name) if MODELS.is_dir() else []
 SOLVER_FILES = sorted(MODELS.glob("*/*solver*.prototxt")) if MODELS.is_dir() else []

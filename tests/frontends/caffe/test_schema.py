@@ -11,9 +11,10 @@ import pytest
 from google.protobuf import descriptor as _descriptor
 
 from cgvm.frontends.caffe import caffe_pb2
+from shared_paths import SHARED
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-FACTS = REPO_ROOT.parent / "shared" / "reference" / "caffe_facts.md"
+FACTS = SHARED / "reference" / "caffe_facts.md"
 GENERATED = REPO_ROOT / "cgvm" / "frontends" / "caffe" / "caffe_pb2.py"
 
 FD = _descriptor.FieldDescriptor

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,9 @@ from cgvm.frontends.caffe.prototxt import parse_net_text, parse_solver_text, rea
 from cgvm.frontends.caffe.upgrade import (
     V1_LAYER_TYPE_NAMES, needs_upgrade, upgrade_net, upgrade_snapshot_prefix, upgrade_solver,
 )
+from shared_paths import SHARED_CAFFE_MODELS
 
-MODELS = Path(__file__).resolve().parents[3].parent / "shared" / "models" / "caffe"
+MODELS = SHARED_CAFFE_MODELS
 needs_models = pytest.mark.skipif(not MODELS.is_dir(), reason="shared/models/caffe not present")
 
 
