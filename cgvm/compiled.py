@@ -9,6 +9,7 @@ and written to the Workspace after all outputs.
 from __future__ import annotations
 
 import builtins
+import functools
 import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
@@ -40,14 +41,18 @@ class SubgraphRuntime:
         self.planner = (lambda prog, types: plan_memory(prog, types, inplace=inplace)) if plan else None
         self._cache: Dict[int, Any] = {}
 
-    def compile(self, graph: Graph):
-        hit = self._cache.get(id(graph))
+    def compile(self, graph: Graph, copied_outputs: Sequence[int] = ()):
+        """A runner for ``graph``. ``copied_outputs``: positions of outputs the caller copies as
+        soon as it gets them (a loop's stacked per-step outputs), which may then be one array."""
+        key = (id(graph), tuple(copied_outputs))
+        hit = self._cache.get(key)
         if hit is not None and hit[0] is graph:
             return hit[1]
         program = generate(run_passes(graph, debug=self.debug))
-        exe = Executable(program, self.workspace, planner=self.planner, infer=infer_slot_types, specialize=specialize, runtime=self,
-                         engine=self.engine)
-        self._cache[id(graph)] = (graph, exe)
+        exe = Executable(program, self.workspace, planner=self.planner, infer=infer_slot_types,
+                         specialize=functools.partial(specialize, copied_outputs=tuple(copied_outputs)),
+                         runtime=self, engine=self.engine)
+        self._cache[key] = (graph, exe)
         return exe
 
 

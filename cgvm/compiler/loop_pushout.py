@@ -161,8 +161,9 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
     has_until = a["has_until"]
     n_ys = len(body.outputs) - C - (1 if has_until else 0)
     # A gram factor that is a sequence slice is read from the sequence itself, paired with its
-    # partner's stack (in iteration order, zero where a step did not run); its partner must be
-    # stacked, and nothing is read from sequences after an early stop (rows would not align).
+    # partner's stack (zero where a step did not run; reversed first if the loop walks backwards
+    # and stacks in iteration order); its partner must be stacked, and nothing is read from
+    # sequences after an early stop (rows would not align).
     seq_inputs = {id(v): o for v, o in zip(body.inputs[:S], inputs[:S])}
     seq_outer: Dict[int, Value] = {}
     new_ys: List[Value] = []   # each factor stacked once, however many terms share it (BPTT's dz_t)
@@ -202,7 +203,7 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
         if id(f) not in seq_outer or id(f) in stack_of:
             return stack_of[id(f)], stack_of[id(partner)]
         st = stack_of[id(partner)]
-        if a["go_backwards"]:   # step t read the sequence at steps - 1 - t
+        if a["go_backwards"] and not a["seq_order"]:   # row t is the step that read sequence row steps - 1 - t
             st = reversed_stacks.setdefault(id(st), scan_plumbing.reverse(st))
         return scan_plumbing.steps_like(seq_outer[id(f)], st), st
     mapping: List[Value] = []

@@ -24,9 +24,17 @@ IDENTITY_WHEN: Dict[str, Callable[[Sequence[TensorType], TensorType], bool]] = {
 }
 
 
-def specialize(program: Program, types: Sequence[TensorType]) -> Program:
-    """The program with identity adapters aliased away and dead instructions removed."""
+def specialize(program: Program, types: Sequence[TensorType], copied_outputs: Sequence[int] = ()) -> Program:
+    """The program with identity adapters aliased away and dead instructions removed.
+
+    ``copied_outputs``: positions of outputs that the caller copies at once (a loop's stacked
+    per-step outputs). Such an output may become the same array as another output (BPTT's dz_t,
+    returned once for each weight whose gradient sum reads it), where any other output must stay
+    a fresh array of its own."""
     outputs = set(program.output_slots)
+    copied_at = set(copied_outputs)
+    copied = ({s for k, s in enumerate(program.output_slots) if k in copied_at}
+              - {s for k, s in enumerate(program.output_slots) if k not in copied_at})
     leaves = set(program.input_slots) | {s for _, s in program.param_slots} | {s for s, _ in program.const_slots}
     alias: Dict[int, int] = {}
     returned: set = set()   # sources that an aliased output now returns
@@ -44,8 +52,8 @@ def specialize(program: Program, types: Sequence[TensorType]) -> Program:
             # an output may become its source only when that is computed here and returned once:
             # it is then a fresh array like any output (not an input's memory, not a planned
             # buffer, not shared with another output)
-            if result not in outputs or (source not in leaves and source not in outputs
-                                         and source not in returned):
+            if result not in outputs or (source not in leaves and (
+                    result in copied or (source not in outputs and source not in returned))):
                 alias[result] = source
                 if result in outputs:
                     returned.add(source)

@@ -13,6 +13,11 @@ where it is true. Sub-graphs are closed: everything they read is an input.
 loop always runs fully); ``truncate=k`` makes the loop itself run only its first k iterations,
 leaving the rest of the stacked outputs zero (how truncated backward loops are built).
 
+Stacks are in iteration order: row t holds step t, which read row ``steps - 1 - t`` of the
+sequences when ``go_backwards``. With ``seq_order`` they are in sequence order instead, row i
+beside the sequence rows step i read (how backward loops are built: their stacks then line up
+with the forward loop's without a reversing copy).
+
 Frontends lower richer forms (sequence taps, multi-tap outputs) onto this one.
 The ops scan's gradient uses to move per-step stacks (shift_in, reverse, ...) are in
 cgvm.ops.scan_plumbing.
@@ -61,7 +66,7 @@ def _scan_outputs(attrs, n_inputs):
 
 
 def _scan_infer(types, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_steps, truncate,
-                reset_carries, truncate_gradient, stacked):
+                reset_carries, truncate_gradient, stacked, seq_order):
     seqs, inits, rest = _split(types, n_seqs, n_carry)
     nonseqs = rest[:-1] if dyn_steps else rest
     expected = len(body.inputs)
@@ -95,11 +100,11 @@ scan = defop("scan", num_inputs=(0, None), num_outputs=_scan_outputs, pattern=OP
              attrs={"body": GraphAttr(), "n_seqs": Int(0), "n_carry": Int(0), "go_backwards": Bool(False),
                     "has_until": Bool(False), "n_steps": Int(None), "dyn_steps": Bool(False),
                     "truncate": Int(-1), "reset_carries": Int(0), "truncate_gradient": Int(-1),
-                    "stacked": Ints(None)})
+                    "stacked": Ints(None), "seq_order": Bool(False)})
 
 
 def _steady_loop(n_seqs: int, n_carry: int, n_nonseq: int, kept: Sequence[int], go_backwards: bool,
-                 has_until: bool, unread_seqs: Sequence[int] = ()):
+                 has_until: bool, unread_seqs: Sequence[int] = (), seq_order: bool = False):
     """The loop over steps t0..active-1 once the step's shapes are fixed, generated as straight-line
     Python for this scan's arity (no per-step lists, zips or slicing comprehensions):
     ``loop(step, seqs, carries, nonseqs, stacks, t0, active, steps) -> (carries, stopped_after, last_t)``.
@@ -114,7 +119,7 @@ def _steady_loop(n_seqs: int, n_carry: int, n_nonseq: int, kept: Sequence[int], 
     lines += ["    t = t0 - 1", "    for t in range(t0, active):",
               f"        i = {'steps - 1 - t' if go_backwards else 't'}",
               f"        r = step({', '.join(step_seqs + car + par)})"]
-    lines += [f"        {st}[t] = r[{k}]" for st, k in zip(stk, kept)]
+    lines += [f"        {st}[{'i' if seq_order else 't'}] = r[{k}]" for st, k in zip(stk, kept)]
     if car:
         lines.append(f"        {', '.join(car)}, = r[:{n_carry}]")
     if has_until:
@@ -127,9 +132,10 @@ def _steady_loop(n_seqs: int, n_carry: int, n_nonseq: int, kept: Sequence[int], 
 
 @scan.kernel_factory
 def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_steps, truncate,
-      reset_carries, truncate_gradient, stacked):
-    run = runtime.compile(body)
+      reset_carries, truncate_gradient, stacked, seq_order):
     n_ys = len(body.outputs) - n_carry - (1 if has_until else 0)
+    # per-step outputs are copied into their stacks at once: the step may return one array for several
+    run = runtime.compile(body, copied_outputs=range(n_carry, n_carry + n_ys))
     kept = list(_stacked(stacked, n_carry)) + list(range(n_carry, n_carry + n_ys))  # body outputs to stack
     spare: List[Any] = [None] * len(kept)  # last call's stacks, reused when nobody else holds them
 
@@ -147,8 +153,9 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
 
     read = {id(v) for n in body.nodes for v in n.inputs} | {id(v) for v in body.outputs}
     unread_seqs = [k for k, v in enumerate(body.inputs[:n_seqs]) if id(v) not in read]
+    flipped = seq_order and go_backwards   # stacks filled from the last row down
     steady = _steady_loop(n_seqs, n_carry, len(body.inputs) - n_seqs - n_carry, kept, go_backwards, has_until,
-                          unread_seqs)
+                          unread_seqs, seq_order)
     # non-sequences a GEMM reads on every step: made cache-line aligned once per call
     gemm_read = {id(v) for n in body.nodes if n.op.name in GEMM_OPS for v in n.inputs}
     realign = [k for k, v in enumerate(body.inputs[n_seqs + n_carry:]) if id(v) in gemm_read]
@@ -183,7 +190,7 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
             else:
                 res = step(*args)
             for st, k in zip(stacks, kept):
-                st[t] = res[k]
+                st[i if seq_order else t] = res[k]
             carries = list(res[:n_carry])
             if has_until and bool(res[-1]):
                 done = t + 1
@@ -199,12 +206,15 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
                        for o in body.outputs[n_carry:n_carry + n_ys]]
         written = t + 1
         for st in stacks:   # steps not run (truncate) read as zeros
-            st[written:] = 0
+            if flipped:
+                st[:steps - written] = 0
+            else:
+                st[written:] = 0
         if active < steps:
             for k in range(min(reset_carries, n_carry)):
                 carries[k] = xp.zeros_like(carries[k])
         if done < steps:
-            stacks = [st[:done] for st in stacks]
+            stacks = [st[steps - done:] if flipped else st[:done] for st in stacks]
         finals = [c if isinstance(c, xp.ndarray) else xp.asarray(c) for c in carries]
         results = tuple(finals) + tuple(stacks)
         return results[0] if len(results) == 1 else results  # one output: the VM stores it as is
@@ -228,6 +238,10 @@ def _(node, *gouts):
         raise GradientError(f"{node.where()}: the gradient of a scan needs every carry stacked")
     g_final, g_stack, g_ys = _split(gouts, C, C)
     stacked = node.outputs[C:2 * C]
+    fwd_ys = node.outputs[2 * C:2 * C + n_ys]
+    if a["seq_order"] and a["go_backwards"]:   # the rule below reads stacks in iteration order
+        stacked, fwd_ys = [reverse(s) for s in stacked], [reverse(y) for y in fwd_ys]
+        g_stack, g_ys = ([None if g is None else reverse(g) for g in gs] for gs in (g_stack, g_ys))
 
     # the step's gradient graph: G(x_t, h_prev, p, gh_t, gy_t) -> (gh_prev, gx_t, gp_t)
     x_in, h_in, p_in = _fresh_inputs(body.inputs[:S], "x"), \
@@ -265,7 +279,7 @@ def _(node, *gouts):
     gx = [g_of(x) for x in x_in]
     # the step's outputs were stacked by the forward loop: read them instead of recomputing the step
     # (tanh' from its output, say); values the gradient needs that were not outputs are still recomputed
-    fwd_stacks = list(stacked) + list(node.outputs[2 * C:2 * C + n_ys])
+    fwd_stacks = list(stacked) + list(fwd_ys)
     saved = [(v, st) for v, st in zip(step_outs, fwd_stacks) if v.node is not None]
     saved_in = [input_value(v.type, f"saved{i}") for i, (v, _) in enumerate(saved)]
     grads_out = rebuild(new_gh + new_gp + gx, {id(v): n for (v, _), n in zip(saved, saved_in)})
@@ -288,7 +302,7 @@ def _(node, *gouts):
                 n_seqs=len(seqs) + len(h_prev) + len(saved_seqs) + len(gh_seqs) + len(gy_seqs),
                 n_carry=C + len(diff_p),
                 go_backwards=True, n_steps=a["n_steps"], dyn_steps=a["dyn_steps"],
-                truncate=a["truncate_gradient"], reset_carries=C)
+                truncate=a["truncate_gradient"], reset_carries=C, seq_order=True)
     outs = outs if isinstance(outs, tuple) else (outs,)
     nc = C + len(diff_p)
     finals, ys = outs[:nc], outs[2 * nc:]
@@ -298,7 +312,7 @@ def _(node, *gouts):
         g_nonseq[k] = finals[C + n]
     g_seqs = []
     for y, x in zip(ys[:S], seqs):
-        g_iter = reverse(y)
+        g_iter = y   # row i: the gradient of forward step i (the backward loop stacks in sequence order)
         if a["has_until"]:  # a loop that stopped early ran fewer steps: pad back to the sequence length
             g_iter = pad_steps_like(g_iter, x)
         g_seqs.append(reverse(g_iter) if backwards else g_iter)

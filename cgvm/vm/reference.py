@@ -17,7 +17,7 @@ class ReferenceRuntime:
     def __init__(self, xp: Any):
         self.xp = xp
 
-    def compile(self, graph: Graph) -> "_ReferenceRunner":
+    def compile(self, graph: Graph, copied_outputs: Sequence[int] = ()) -> "_ReferenceRunner":
         return _ReferenceRunner(graph, self.xp)
 
 

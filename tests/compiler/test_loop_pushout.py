@@ -101,6 +101,8 @@ def test_the_ir_changes_as_documented():
     assert bwd_ops.count("matmul") + bwd_ops.count("gemm_bias_act") == 1   # dh_t U^T only
     # tanh' = 1 - h_t² reads only the stacked forward outputs: computed for all steps before the loop
     assert "sub" not in bwd_ops and "sub" in [n.op.name for n in _scans(plain)[1].attrs["body"].nodes]
+    # the backward loop stacks in sequence order: dz_t lines up with x_t without a reversing copy
+    assert bwd.attrs["seq_order"] and "reverse" not in [n.op.name for n in pushed.graph.nodes]
 
 
 def test_truncated_backpropagation_keeps_only_the_last_steps():

@@ -53,6 +53,47 @@ def test_two_outputs_of_one_source_stay_distinct_arrays():
     np.testing.assert_allclose(rb, np.tanh(gv), rtol=1e-6)
 
 
+def test_outputs_the_caller_copies_may_share_their_source():
+    """A loop's stacked per-step outputs are copied into their stacks at once: there, both adapters
+    of one source become that source (BPTT's dz_t for two weights), and nothing is copied per step.
+    The same graph as a function's outputs keeps a copy (previous test)."""
+    x, w, g = _unknown("x"), _unknown("w"), _unknown("g")
+    h = E.tanh(g)
+    a, b = R.sum_to_like(h, L.matmul(x, w)), R.sum_to_like(h, E.exp(g))
+    program = generate(Graph([x, w, g], [a, b]))
+    types = infer_slot_types(program, {s: TensorType(shape) for s, shape in
+                                       zip(program.input_slots, [(4, 3), (3, 5), (4, 5)])})
+    shared = specialize(program, types, copied_outputs=(0, 1))
+    assert _ops(shared) == ["tanh"] and shared.output_slots[0] == shared.output_slots[1]
+    # output 1 is not copied: it must not be the array output 0 already is, so it keeps a copy
+    only_first = specialize(program, types, copied_outputs=(0,))
+    assert sorted(_ops(only_first)) == ["sum_to_like", "tanh"]
+
+
+def test_a_loop_whose_stacked_outputs_share_a_source_stacks_each_correctly():
+    """Two per-step outputs that specialize to one array still fill two stacks with its values."""
+    from cgvm.ops import control as C
+
+    xt, hp = _unknown("xt", 1), _unknown("hp", 1)
+    ht = E.tanh(E.add(xt, hp))
+    body = Graph([xt, hp], [ht, R.sum_to_like(ht, E.exp(xt)), R.sum_to_like(ht, E.neg(hp))], name="step")
+    X, H0 = _unknown("X"), _unknown("H0", 1)
+    final, stack_h, ys_a, ys_b = C.scan(X, H0, body=body, n_seqs=1, n_carry=1)
+    f = cgvm.compile([X, H0], [final, stack_h, ys_a, ys_b])
+    xv = np.random.default_rng(2).standard_normal((5, 3)).astype(np.float32)
+    fin, hs, ya, yb = f(xv, np.zeros(3, np.float32))
+    want, h = [], np.zeros(3, np.float32)
+    for row in xv:
+        h = np.tanh(row + h)
+        want.append(h)
+    np.testing.assert_allclose(hs, np.stack(want), rtol=1e-6)
+    np.testing.assert_allclose(ya, np.stack(want), rtol=1e-6)
+    np.testing.assert_allclose(yb, np.stack(want), rtol=1e-6)
+    assert not np.shares_memory(ya, yb)
+    step = next(exe for _, exe in f.runtime._cache.values())
+    assert "sum_to_like" not in _ops(next(iter(step.frames.values())).program)
+
+
 def test_an_output_adapter_of_an_input_is_never_the_callers_array():
     x, w = _unknown("x"), _unknown("w")
     out = R.sum_to_like(x, L.matmul(x, w))

@@ -73,17 +73,70 @@ def test_scan_bptt_gradient(backwards):
         np.testing.assert_allclose(got[k + 1], numeric_grad(ref, vals, k, 1e-6), rtol=1e-6, atol=1e-8)
 
 
-def test_scan_truncated_gradient():
+@pytest.mark.parametrize("backwards", [False, True])
+def test_seq_order_stacks_row_i_beside_sequence_row_i(backend, backwards):
+    """seq_order: a loop that walks backwards stacks its steps from the last row up, so each
+    stacked row sits beside the sequence row its step read; the final carry is unchanged."""
     syms = symbolic()
-    _, _, Ys = C.scan(*syms, body=rnn_body(), n_seqs=1, n_carry=1, truncate_gradient=2)
+    outs = C.scan(*syms, body=rnn_body(), n_seqs=1, n_carry=1, go_backwards=backwards, seq_order=True)
+    f = cgvm.compile(syms, list(outs), workspace=cgvm.Workspace(backend))
+    vals = rnn_inputs()
+    h, hs, ys = rnn_reference(*vals, backwards=backwards)
+    flip = (lambda a: a[::-1]) if backwards else (lambda a: a)
+    for g, w in zip(f(*vals), (h, flip(hs), flip(ys))):
+        np.testing.assert_allclose(cgvm.get_backend(backend).to_numpy(g), w, rtol=1e-12)
+
+
+@pytest.mark.parametrize("backwards", [False, True])
+def test_gradient_of_a_seq_order_scan(backwards):
+    """The scan gradient rule reads the stacks of a seq_order loop in the right order (checked
+    with a cost that weighs each row differently)."""
+    syms = symbolic()
+    hT, Hs, Ys = C.scan(*syms, body=rnn_body(), n_seqs=1, n_carry=1, go_backwards=backwards, seq_order=True)
+    weights = np.arange(1.0, 16.0).reshape(5, 3)
+    cost = E.add(R.sum(E.mul(Ys, weights)), R.sum(E.mul(Hs, weights[::-1].copy())))
+    f = cgvm.compile(syms, [cost] + cgvm.grad(cost, syms))
+    vals = rnn_inputs()
+
+    def ref(v):
+        _, hs, ys = rnn_reference(*v, backwards=backwards)
+        if backwards:
+            hs, ys = hs[::-1], ys[::-1]
+        return float((ys * weights).sum() + (hs * weights[::-1]).sum())
+
+    got = f(*vals)
+    assert abs(float(got[0]) - ref(vals)) < 1e-10
+    for k in range(4):
+        np.testing.assert_allclose(got[k + 1], numeric_grad(ref, vals, k, 1e-6), rtol=1e-6, atol=1e-8)
+
+
+def test_seq_order_early_stop_keeps_the_rows_of_the_steps_that_ran():
+    x, acc = input_value(TensorType((), F64), "x"), input_value(TensorType((), F64), "acc")
+    new = E.add(acc, x)
+    body = Graph([x, acc], [new, E.gt(new, 3.0)], name="acc")
+    X, A0 = input_value(TensorType((None,), F64), "X"), input_value(TensorType((), F64), "A0")
+    final, stack = C.scan(X, A0, body=body, n_seqs=1, n_carry=1, has_until=True, go_backwards=True,
+                          seq_order=True)
+    fin, st = cgvm.compile([X, A0], [final, stack])(np.array([1.0, 1.5, 2.0, 5.0, 1.0]), np.array(0.0))
+    # steps read rows 4 (acc 1) and 3 (acc 6, stop): their rows, in sequence order
+    np.testing.assert_allclose(st, [6.0, 1.0])
+    assert float(fin) == 6.0
+
+
+@pytest.mark.parametrize("backwards", [False, True])
+def test_scan_truncated_gradient(backwards):
+    syms = symbolic()
+    _, _, Ys = C.scan(*syms, body=rnn_body(), n_seqs=1, n_carry=1, truncate_gradient=2, go_backwards=backwards)
     cost = R.sum(Ys)
     f = cgvm.compile(syms, cgvm.grad(cost, syms))
     gX, gH0, gW, gU = f(*rnn_inputs(steps=6))
-    assert np.all(gX[:4] == 0) and np.all(gX[4:] != 0)
+    reached = gX[:2] if backwards else gX[4:]      # the rows the last two iterations read
+    untouched = gX[2:] if backwards else gX[:4]
+    assert np.all(untouched == 0) and np.all(reached != 0)
     assert np.all(gH0 == 0)
     forward = cgvm.compile(syms, cost)  # the forward loop is not cut
     vals = rnn_inputs(steps=6)
-    assert abs(float(forward(*vals)) - float(rnn_reference(*vals)[2].sum())) < 1e-12
+    assert abs(float(forward(*vals)) - float(rnn_reference(*vals, backwards=backwards)[2].sum())) < 1e-12
 
 
 def test_scan_second_derivative():
