@@ -277,19 +277,36 @@ def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: C
     return target if out is None or target is out else store(xp, target, out)
 
 
+def per_sample_weight_products(og: int, kc: int, length: int) -> bool:
+    """Whether dw's products go one per sample, summed after, rather than one per chunk of samples.
+
+    When dw is small and a chunk's inner dimension long, OpenBLAS runs the one product several
+    times slower than the same work as per-sample products (its small-matrix path). Measured on
+    the project's machine at one and two threads: LeNet's conv1 (20 x 25 outputs, 576 positions a
+    sample) 0.31 -> 0.14 ms a chunk, a 16 x 9 dw over 196-676 positions 0.33-0.41x, 32 x 27 over 1024
+    0.57x; from about 2,000 outputs (48 x 48, 32 x 144) per-sample ran 5-55% slower, and with under
+    ~100 positions a sample the one product stays fast."""
+    return og * kc <= 1024 and length >= 128
+
+
 def backward_weight_layout(x_shape: Sequence[int], g_shape: Sequence[int], ksize: Sequence[int], dtype: Any,
                            geo: ConvGeometry) -> Layout:
     """The temporaries of conv_backward_weight's im2col path (none for batch-last): the padded
-    input, columns and gradient rows of one chunk of samples, and a partial product."""
+    input and columns of one chunk of samples, and the gradient rows and a partial product (one
+    per sample when per_sample_weight_products)."""
     out_sizes = tuple(g_shape[2:])
     if batch_last.batch_last_pays(x_shape, out_sizes, "weight"):
         return []
     n, c = x_shape[:2]
     o = g_shape[1]
+    og = o // geo.groups
     length, kc = dims_product(out_sizes), (c // geo.groups) * dims_product(ksize)
     chunk = sample_chunks(n, c * dims_product(ksize) * length * np.dtype(dtype).itemsize)[0][1]
-    layout: Layout = [("cols", (geo.groups * kc * chunk * length,), dtype), ("gmat", (o * chunk * length,), dtype),
-                      ("partial", (geo.groups, o // geo.groups, kc), dtype)]
+    layout: Layout = [("cols", (geo.groups * kc * chunk * length,), dtype)]
+    if per_sample_weight_products(og, kc, length):
+        layout.append(("partial", (chunk, geo.groups, og, kc), dtype))
+    else:
+        layout += [("gmat", (o * chunk * length,), dtype), ("partial", (geo.groups, og, kc), dtype)]
     if _has_padding(geo):
         layout.append(("padded", (chunk, c) + _padded_sizes(x_shape[2:], geo), dtype))
     return layout
@@ -318,6 +335,20 @@ def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: Con
     order = (1,) + tuple(range(2, 2 + nsp)) + (0,) + tuple(range(2 + nsp, 2 + 2 * nsp))
     result = target.reshape(groups, og, kc)
     chunks = _chunk_windows(xp, x, temps.get("padded"), ksize, out_sizes, geo, c * dims_product(ksize) * length)
+    if per_sample_weight_products(og, kc, length):
+        # columns in the forward's order (sample, group, C/g·Πk, L): g's rows need no copy
+        grows = g.reshape(n, groups, og, length)
+        for index, (start, stop, view) in enumerate(chunks):
+            m = stop - start
+            cols = temps["cols"][:m * groups * kc * length]
+            cols.reshape((m, c) + ksize + out_sizes)[...] = view
+            cols = cols.reshape(m, groups, kc, length)
+            partial = xp.matmul(grows[start:stop], cols.transpose(0, 1, 3, 2), out=temps["partial"][:m])
+            if index == 0:
+                xp.sum(partial, axis=0, out=result)
+            else:
+                result += partial.sum(axis=0)
+        return target if out is None or target is out else store(xp, target, out)
     for index, (start, stop, view) in enumerate(chunks):
         m = stop - start
         cols = temps["cols"][:groups * kc * m * length]

@@ -259,6 +259,36 @@ def test_im2col_in_bands_of_output_rows_matches_the_loop(monkeypatch, cfg):
                 int(np.prod(want.shape[3:]))   # columns of one output row
 
 
+@pytest.mark.parametrize("cfg", [
+    dict(x=(5, 1, 12, 30), w=(4, 1, 3, 3), stride=1, pad=0),                 # LeNet-like: one input channel
+    dict(x=(3, 4, 12, 13), w=(6, 2, 3, 3), stride=1, pad=1, groups=2),
+    dict(x=(2, 3, 30, 29), w=(5, 3, 5, 4), stride=2, pad=(2, 1)),
+    dict(x=(3, 2, 140), w=(3, 2, 5), stride=1, pad=2),                        # 1-D
+    dict(x=(2, 2, 6, 7, 6), w=(3, 2, 2, 3, 2), stride=1, pad=1),              # 3-D
+])
+def test_weight_gradient_as_per_sample_products_matches_the_loop(monkeypatch, cfg):
+    """A small dw over many positions a sample is summed from per-sample products (one chunk of
+    samples, then a budget that makes a chunk of every sample)."""
+    from cgvm.ops import conv_im2col as ci
+    from cgvm.ops.conv_geometry import ConvGeometry, dims_product
+    from cgvm.ops.scratch import layout_bytes
+
+    x, w = r(*cfg["x"]), r(*cfg["w"])
+    nsp = x.ndim - 2
+    stride, pad, groups = spatial(cfg["stride"], nsp), cfg["pad"], cfg.get("groups", 1)
+    geo = ConvGeometry(nsp, stride, spatial(pad, nsp) if isinstance(pad, int) else pad, (1,) * nsp, groups)
+    g = r(*ref_conv(x, w, None, stride=cfg["stride"], pad=pad, groups=groups).shape)
+    assert ci.per_sample_weight_products(w.shape[0] // groups, int(np.prod(w.shape[1:])), dims_product(g.shape[2:]))
+    assert not ci.batch_last.batch_last_pays(x.shape, g.shape[2:], "weight")
+    want = ref_conv_grad_weight(x, g, w.shape[2:], stride=cfg["stride"], pad=pad, groups=groups)
+    for budget in (ci.COLUMN_BUDGET_BYTES, 1):
+        monkeypatch.setattr(ci, "COLUMN_BUDGET_BYTES", budget)
+        scratch = np.empty(layout_bytes(ci.backward_weight_layout(x.shape, g.shape, w.shape[2:], np.float32, geo)),
+                           np.uint8)
+        got = ci.conv_backward_weight(np, x, g, w.shape[2:], geo, None, scratch)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 # --------------------------------------------------------------------------- kernels honour `out`
 
 def test_kernels_write_into_out():
