@@ -8,8 +8,10 @@ at a time) into a contiguous (chunk, groups, C/g·Πk, L) block, then GEMMs over
 groups); a sample whose columns alone exceed the budget goes a band of output rows at a time
 (ResNet's 7x7 stem on 224x224 images: 7.4 MB of columns a sample, 1.5 MiB of scratch in bands,
 at the same speed within the machine's noise). col2im (the input gradient, and the transposed
-convolution) is a loop over kernel offsets adding strided slices, no scatter. Each kernel's
-temporaries are a Layout, so the ops declare them as scratch and the memory plan holds them.
+convolution) is a loop over kernel offsets adding strided slices, no scatter. The weight
+gradient multiplies a chunk's gradient rows by its columns, as one product or, for a small dw
+over many positions, one per sample (per_sample_weight_products). Each kernel's temporaries are
+a Layout, so the ops declare them as scratch and the memory plan holds them.
 """
 from __future__ import annotations
 
@@ -282,10 +284,10 @@ def per_sample_weight_products(og: int, kc: int, length: int) -> bool:
 
     When dw is small and a chunk's inner dimension long, OpenBLAS runs the one product several
     times slower than the same work as per-sample products (its small-matrix path). Measured on
-    the project's machine at one and two threads: LeNet's conv1 (20 x 25 outputs, 576 positions a
-    sample) 0.31 -> 0.14 ms a chunk, a 16 x 9 dw over 196-676 positions 0.33-0.41x, 32 x 27 over 1024
-    0.57x; from about 2,000 outputs (48 x 48, 32 x 144) per-sample ran 5-55% slower, and with under
-    ~100 positions a sample the one product stays fast."""
+    the project's machine at one and two threads: LeNet's conv1 (20 x 25 outputs, 576 positions
+    a sample) 0.31 -> 0.14 ms a chunk; a 16 x 9 dw over 196-676 positions 0.33-0.41x; 32 x 27
+    over 1024 positions 0.57x. Per sample, larger dw ran slower (48 x 48: 1.05x, 32 x 144:
+    1.07-1.23x, 512 x 4608: 1.55x), and so did few positions a sample (16 x 9 over 49: 1.5x)."""
     return og * kc <= 1024 and length >= 128
 
 
