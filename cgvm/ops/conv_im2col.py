@@ -294,8 +294,8 @@ def per_sample_weight_products(og: int, kc: int, length: int) -> bool:
 def backward_weight_layout(x_shape: Sequence[int], g_shape: Sequence[int], ksize: Sequence[int], dtype: Any,
                            geo: ConvGeometry) -> Layout:
     """The temporaries of conv_backward_weight's im2col path (none for batch-last): the padded
-    input and columns of one chunk of samples, and the gradient rows and a partial product (one
-    per sample when per_sample_weight_products)."""
+    input and columns of one chunk of samples, then either the chunk's gradient rows and a
+    partial product or, with per_sample_weight_products, a partial product per sample."""
     out_sizes = tuple(g_shape[2:])
     if batch_last.batch_last_pays(x_shape, out_sizes, "weight"):
         return []
