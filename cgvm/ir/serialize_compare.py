@@ -3,7 +3,7 @@ must preserve, checked by the serialization tests and the suite-wide round trip 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -37,18 +37,16 @@ class _GraphComparison:
                              ("outputs", a.outputs, b.outputs), ("params", a.params, b.params)):
             if len(xs) != len(ys):
                 return f"{len(xs)} {what}, the copy has {len(ys)}"
-        for i, (x, y) in enumerate(zip(a.inputs, b.inputs)):
-            diff = self.value(x, y)
-            if diff:
-                return f"input {i}: {diff}"
+        diff = self.values("input", a.inputs, b.inputs)
+        if diff:
+            return diff
         for k, (n, m) in enumerate(zip(a.nodes, b.nodes)):
             diff = self.node(n, m)
             if diff:
                 return f"node #{k} ({n.where()}): {diff}"
-        for i, (x, y) in enumerate(zip(a.outputs, b.outputs)):
-            diff = self.value(x, y)
-            if diff:
-                return f"output {i}: {diff}"
+        diff = self.values("output", a.outputs, b.outputs)
+        if diff:
+            return diff
         for x, y in zip(a.params, b.params):
             if x.name != y.name or x.type != y.type:
                 return f"parameter {x.label()}: {x.type!r}, the copy has {y.label()}: {y.type!r}"
@@ -67,14 +65,21 @@ class _GraphComparison:
                 return f"attribute {key!r}: {diff}"
         if len(n.inputs) != len(m.inputs) or len(n.outputs) != len(m.outputs):
             return f"{len(m.inputs)} inputs and {len(m.outputs)} outputs in the copy"
-        for i, (x, y) in enumerate(zip(n.inputs, m.inputs)):
-            diff = self.value(x, y)
-            if diff:
-                return f"input {i}: {diff}"
+        diff = self.values("input", n.inputs, m.inputs)
+        if diff:
+            return diff
         for i, (x, y) in enumerate(zip(n.outputs, m.outputs)):
             diff = f"{x.label()} was already defined" if id(x) in self.pairs else self.value(x, y)
             if diff:
                 return f"output {i}: {diff}"
+        return None
+
+    def values(self, what: str, xs: Sequence[Value], ys: Sequence[Value]) -> Optional[str]:
+        """The first of ``xs`` whose counterpart in ``ys`` differs, as "<what> <position>: ..."."""
+        for i, (x, y) in enumerate(zip(xs, ys)):
+            diff = self.value(x, y)
+            if diff:
+                return f"{what} {i}: {diff}"
         return None
 
     def value(self, x: Value, y: Value) -> Optional[str]:
