@@ -19,7 +19,7 @@ from .compiler import generate, infer_slot_types, plan_memory, run_passes
 from .compiler.specialize import specialize
 from .compiler.recompute import optimize_and_recompute
 from .errors import InputError
-from .ops.scratch import REFS_HELD_ONCE, writeable
+from .ops.kernels.scratch import REFS_HELD_ONCE, writeable
 from .ir.graph import PARAM, Graph, Value
 from .vm.bytecode import dis
 from .vm.interpreter import Executable

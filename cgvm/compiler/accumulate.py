@@ -3,7 +3,7 @@
 An SGD step ``w - lr * (x.T @ g)``, a momentum update ``mu * v - lr * (x.T @ g)`` or a residual
 ``c + a @ b`` reads a product once, to add it to a matrix of the product's shape. As one op,
 the product is added while BLAS writes it (Theano's gemm rewrite): no temporary and no second
-pass (see cgvm.ops.blas). Matched, for 2-D float operands of one dtype:
+pass (see cgvm.backend.blas). Matched, for 2-D float operands of one dtype:
 
     add(C, P), add(P, C), sub(C, P), sub(P, C)
     P = matmul(a, b) | mul(matmul(a, b), s) | mul(s, matmul(a, b))      (alpha from s and the sign)

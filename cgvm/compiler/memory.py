@@ -8,7 +8,7 @@ transpose, ...) alias their input's block and extend its life. Values that leave
 (outputs, and anything they alias) are never planned, so a buffer handed to the user is never
 reused underneath them.
 
-Kernel scratch (cgvm.ops.scratch), which lives during one instruction, is fitted after the
+Kernel scratch (cgvm.ops.kernels.scratch), which lives during one instruction, is fitted after the
 values are placed, into memory no value holds at that instruction: the first of the kernel's
 alternatives (fastest first: Winograd, then im2col) that fits; scratch that fits nowhere is left
 to its kernel to allocate. Placed among the values instead, a scratch block raised the
@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..ir.types import TensorType
-from ..ops.scratch import ALIGN   # arena blocks start on cache lines, as kernel temporaries do
+from ..ops.kernels.scratch import ALIGN   # arena blocks start on cache lines, as kernel temporaries do
 from ..vm.bytecode import CALL, Program
 
 

@@ -16,7 +16,7 @@ their base's allocation. It reports, in bytes:
   the same instruction: the floor for inference, where every value is read once;
 * with recomputation: ``activation_peak_without_recompute`` and the ratio ``recompute_saving``.
 
-* ``scratch``: the largest kernel scratch (cgvm.ops.scratch) of one instruction. With planning,
+* ``scratch``: the largest kernel scratch (cgvm.ops.kernels.scratch) of one instruction. With planning,
   scratch that fits in memory no value holds at its instruction adds nothing; the rest counts as
   dynamic while its instruction runs. Without planning, and for temporaries a kernel does not
   declare, kernel scratch is not counted.

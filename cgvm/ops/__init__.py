@@ -4,3 +4,17 @@ from . import (control, conv, creation, elementwise, indexing, linalg, loss, nn,
 from . import grad_control, random, sorting  # noqa: F401  (ops the Theano frontend needs)
 from . import fused  # noqa: F401  (ops the fusion passes produce)
 from .registry import BROADCAST, ELEMWISE, INJECTIVE, OPAQUE, REDUCE, OpDef, all_ops, defop, lookup
+
+# The kernel libraries moved to cgvm.ops.kernels, and the BLAS binding to cgvm.backend.blas; their
+# old module names stay importable for one release (other branches and user code may use them).
+import sys as _sys
+
+from ..backend import blas as _blas
+from .kernels import conv_batchlast as _cb, conv_im2col as _ci, conv_winograd as _cw, pool_tiled as _pt
+from .kernels import pool_windows as _pw, scratch as _sc
+
+for _old, _module in {"conv_batchlast": _cb, "conv_im2col": _ci, "conv_winograd": _cw, "pool_tiled": _pt,
+                      "pool_windows": _pw, "scratch": _sc, "blas": _blas}.items():
+    _sys.modules[f"{__name__}.{_old}"] = _module
+    globals()[_old] = _module
+del _old, _module

@@ -36,7 +36,7 @@ from . import elementwise as ew
 from . import shape as shp
 from .registry import GEMM_OPS, OPAQUE, defop, subgraph_gradients
 from .scan_plumbing import pad_steps_like, reverse, shift_in
-from .scratch import REFS_HELD_ONCE, aligned, aligned_empty
+from .kernels.scratch import REFS_HELD_ONCE, aligned, aligned_empty
 
 
 def _split(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:

@@ -8,7 +8,7 @@ Attributes shared by the family (each may be one value for all spatial axes or o
 ``(begin_0, ..., begin_n-1, end_0, ..., end_n-1)`` as in ONNX for asymmetric padding; ``groups`` (1).
 Output size per axis: ``floor((in + pad_begin + pad_end - (dilation·(k-1)+1)) / stride) + 1``.
 
-Kernels: cgvm.ops.conv_im2col picks the method (Winograd, batch-last, im2col) and declares
+Kernels: cgvm.ops.kernels.conv_im2col picks the method (Winograd, batch-last, im2col) and declares
 each method's temporaries as scratch, so the memory plan holds them; the geometry is in
 cgvm.ops.conv_geometry.
 
@@ -26,7 +26,7 @@ from ..ir.attrs import Int, Ints
 from ..ir.types import TensorType
 from . import reduce as red
 from .conv_geometry import ConvGeometry, bias_shape, spatial_values
-from .conv_im2col import conv_backward_input, conv_backward_weight, conv_forward, conv_forward_scratch, conv_grad_scratch
+from .kernels.conv_im2col import conv_backward_input, conv_backward_weight, conv_forward, conv_forward_scratch, conv_grad_scratch
 from .registry import OPAQUE, defop
 from .rules import Dim, require_float
 

@@ -42,7 +42,7 @@ from ..ir.attrs import Any_, Bool, DTypeAttr, Float, Str
 from ..ir.types import DType, TensorType, result_dtype
 from . import conv as cv
 from .conv_geometry import ConvGeometry
-from .conv_im2col import conv_forward, conv_forward_scratch
+from .kernels.conv_im2col import conv_forward, conv_forward_scratch
 from . import linalg as la
 from .registry import OPAQUE, defop
 from .rules import broadcast_shapes

@@ -17,7 +17,7 @@ from ..ir.attrs import AttrKind, Bool, Float
 from ..ir.builder import as_value
 from ..ir.graph import Value, current_source
 from ..ir.types import TensorType, result_dtype
-from . import blas
+from ..backend import blas
 from . import elementwise as ew
 from . import reduce as red
 from . import shape as shp
@@ -102,7 +102,7 @@ def product_plus(xp: Any, a: Any, b: Any, c: Any, alpha: float, beta: float, out
     """``alpha * a @ b + beta * c`` for matrices a, b, with c broadcasting against the product.
 
     Where c has the product's shape, the product is added into c's values as BLAS writes it
-    (cgvm.ops.blas): into c itself when ``out is c`` (the planner let c die here), else into a
+    (cgvm.backend.blas): into c itself when ``out is c`` (the planner let c die here), else into a
     copy of c. Other shapes, dtypes and backends take matmul and ufuncs.
     """
     if c.shape == (a.shape[0], b.shape[1]) and beta != 0.0:

@@ -16,8 +16,8 @@ order, as in Caffe. ``return_mask`` adds Caffe's top[1]: the argmax as a flat in
 (in + pads), so padding counts but the ceil-mode overhang does not (Caffe, PyTorch's
 count_include_pad); ``count_include_pad=False`` divides by the in-image part only.
 
-Window geometry and the kernels that work for any windows are in cgvm.ops.pool_windows; windows
-that tile the input have their own layouts (cgvm.ops.pool_tiled).
+Window geometry and the kernels that work for any windows are in cgvm.ops.kernels.pool_windows; windows
+that tile the input have their own layouts (cgvm.ops.kernels.pool_tiled).
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.attrs import Bool, Ints
 from ..ir.types import TensorType, int64
-from . import pool_tiled as tiled
-from .pool_windows import (PoolGeometry, chunked_max_grad, lowest_value, pad_to_extent, scatter_windows,
+from .kernels import pool_tiled as tiled
+from .kernels.pool_windows import (PoolGeometry, chunked_max_grad, lowest_value, pad_to_extent, scatter_windows,
                            separable_pool, store_into, window_argmax)
 from .registry import OPAQUE, REDUCE, defop
 from .rules import dims_agree, require_float

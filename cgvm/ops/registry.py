@@ -9,7 +9,7 @@
     def _(node, gy): ...                                # builds gradient nodes; returns one per input
 
 An op whose kernel needs temporary memory declares how much (``@conv.scratch``, see
-cgvm.ops.scratch): the memory planner then places it like a value alive during the call.
+cgvm.ops.kernels.scratch): the memory planner then places it like a value alive during the call.
 
 Calling an OpDef builds a node: ``relu(x, negative_slope=0.1)``.
 """
@@ -88,7 +88,7 @@ class OpDef(OpSchema):
 
         The planner places the first alternative that fits in memory no value holds during the
         call, and the VM passes that block to the kernel as ``scratch=`` (a uint8 array); the
-        kernel runs the first method whose temporaries fit in it (cgvm.ops.scratch), and its
+        kernel runs the first method whose temporaries fit in it (cgvm.ops.kernels.scratch), and its
         fastest method, allocating, when it gets None.
         """
         self._scratch = fn

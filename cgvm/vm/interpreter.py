@@ -15,7 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 from ..backend.threads import ensure_configured
 from ..errors import CgvmError, ExecutionError, InputError
 from ..ir.types import DType, TensorType
-from ..ops.scratch import aligned_empty
+from ..ops.kernels.scratch import aligned_empty
 from .bytecode import CALL, FREE, Program
 from .threaded import lower
 from .workspace import Workspace

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..ops.scratch import REFS_HELD_ONCE, writeable
+from ..ops.kernels.scratch import REFS_HELD_ONCE, writeable
 from .bytecode import CALL, FREE, Program
 
 

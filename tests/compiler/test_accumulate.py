@@ -10,7 +10,7 @@ import pytest
 import cgvm
 from cgvm.compiler.accumulate import fuse_accumulations
 from cgvm.ir import Graph, TensorType, input_value, param_value
-from cgvm.ops import blas
+from cgvm.backend import blas
 from cgvm.ops import elementwise as E
 from cgvm.ops import linalg as L
 from cgvm.ops import loss as LS

@@ -11,10 +11,10 @@ from cgvm.compiler import memory as M
 from cgvm.compiler.memory_report import format_report, memory_report
 from cgvm.ir import Graph, TensorType, input_value, param_value
 from cgvm.ops import conv as CV
-from cgvm.ops import conv_im2col as IM
-from cgvm.ops import conv_winograd as WG
+from cgvm.ops.kernels import conv_im2col as IM
+from cgvm.ops.kernels import conv_winograd as WG
 from cgvm.ops import elementwise as E
-from cgvm.ops.scratch import ALIGN, aligned_empty, layout_bytes, take
+from cgvm.ops.kernels.scratch import ALIGN, aligned_empty, layout_bytes, take
 
 rng = np.random.default_rng(5)
 
@@ -263,7 +263,7 @@ def test_the_memory_report_counts_scratch_that_fits_nowhere_while_its_kernel_run
 
 
 def test_aligned_copies_only_what_is_not_on_a_cache_line():
-    from cgvm.ops.scratch import aligned
+    from cgvm.ops.kernels.scratch import aligned
 
     raw = np.empty(64 * 40 + 64, np.uint8)
     start = -raw.ctypes.data % ALIGN

@@ -238,9 +238,9 @@ def test_nd_matches_2d_with_unit_axis():
 def test_im2col_in_bands_of_output_rows_matches_the_loop(monkeypatch, cfg):
     """A sample whose columns exceed the budget is done a band of output rows at a time (the
     last band shorter); with a budget of one byte every band is one row."""
-    from cgvm.ops import conv_im2col as ci
+    from cgvm.ops.kernels import conv_im2col as ci
     from cgvm.ops.conv_geometry import ConvGeometry
-    from cgvm.ops.scratch import layout_bytes
+    from cgvm.ops.kernels.scratch import layout_bytes
 
     x, w = r(*cfg["x"]), r(*cfg["w"])
     b = r(w.shape[0]) if cfg["bias"] else None
@@ -269,9 +269,9 @@ def test_im2col_in_bands_of_output_rows_matches_the_loop(monkeypatch, cfg):
 def test_weight_gradient_as_per_sample_products_matches_the_loop(monkeypatch, cfg):
     """A small dw over many positions a sample is summed from per-sample products (one chunk of
     samples, then a budget that makes a chunk of every sample)."""
-    from cgvm.ops import conv_im2col as ci
+    from cgvm.ops.kernels import conv_im2col as ci
     from cgvm.ops.conv_geometry import ConvGeometry, dims_product
-    from cgvm.ops.scratch import layout_bytes
+    from cgvm.ops.kernels.scratch import layout_bytes
 
     x, w = r(*cfg["x"]), r(*cfg["w"])
     nsp = x.ndim - 2

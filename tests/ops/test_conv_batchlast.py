@@ -7,7 +7,7 @@ import pytest
 import cgvm
 from cgvm.ir import TensorType, input_value
 from cgvm.ops import conv as cv
-from cgvm.ops import conv_batchlast as bl
+from cgvm.ops.kernels import conv_batchlast as bl
 
 
 def _reference(x, w, stride, pad, dilation, groups):

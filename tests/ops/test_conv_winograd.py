@@ -5,8 +5,8 @@ import pytest
 import cgvm
 from cgvm.ir import TensorType, input_value
 from cgvm.ops import conv as CV
-from cgvm.ops import conv_im2col as IM
-from cgvm.ops import conv_winograd as WG
+from cgvm.ops.kernels import conv_im2col as IM
+from cgvm.ops.kernels import conv_winograd as WG
 from cgvm.ops import elementwise as E
 
 rng = np.random.default_rng(11)

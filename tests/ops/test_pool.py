@@ -9,7 +9,7 @@ from cgvm.errors import GraphBuildError, ShapeError
 from cgvm.ir import TensorType, input_value
 from cgvm.ops import elementwise as E
 from cgvm.ops import pool as P
-from cgvm.ops import pool_windows
+from cgvm.ops.kernels import pool_windows
 from cgvm.ops import reduce as R
 from harness import Case, check_case, check_grad, pad_pairs, spatial
 
@@ -378,7 +378,7 @@ def test_pooling_in_plane_chunks_matches_the_whole(monkeypatch, kernel, stride, 
 def test_windows_tiling_the_input_pool_columns_then_rows(monkeypatch, kernel):
     """Exactly tiled 2-D windows take pool_tiled's layout (columns first, in row chunks); max and
     average must match Caffe's loops, across chunk boundaries, ties (ReLU zeros) included."""
-    from cgvm.ops import pool_tiled
+    from cgvm.ops.kernels import pool_tiled
 
     monkeypatch.setattr(pool_tiled, "CHUNK_BYTES", 200)
     x = np.maximum(r(2, 3, 6 * kernel[0], 4 * kernel[1]), 0)
@@ -398,7 +398,7 @@ def test_windows_tiling_the_input_pool_columns_then_rows(monkeypatch, kernel):
 def test_two_by_two_gradient_in_two_stages_routes_to_the_first_maximum(pooled, size):
     """max_grad_2x2 (columns, then rows) against Caffe's routing, ties included, into a
     non-contiguous output buffer too; in floor mode an odd last row and column get zeros."""
-    from cgvm.ops import pool_tiled
+    from cgvm.ops.kernels import pool_tiled
 
     x = np.maximum(r(3, 4, *size), 0.5)                        # many tied 0.5s
     x[0, 0, :2, :2] = [[1.0, 2.0], [2.0, 1.0]]                 # tie across rows: the top one wins

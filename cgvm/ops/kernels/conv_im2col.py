@@ -3,7 +3,7 @@
 Forward: ``forward_methods`` lists what can compute a convolution, fastest first (Winograd for
 3x3 stride-1 layers where it pays, then batch-last for small images, a GEMM per sample for 1x1,
 else im2col); ``conv_forward`` runs the first whose temporaries fit in the scratch block it is
-given (cgvm.ops.scratch). im2col copies the windows of a chunk of samples (zero-padded one chunk
+given (cgvm.ops.kernels.scratch). im2col copies the windows of a chunk of samples (zero-padded one chunk
 at a time) into a contiguous (chunk, groups, C/g·Πk, L) block, then GEMMs over (samples,
 groups); a sample whose columns alone exceed the budget goes a band of output rows at a time
 (ResNet's 7x7 stem on 224x224 images: 7.4 MB of columns a sample, 1.5 MiB of scratch in bands,
@@ -19,10 +19,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..ir.types import TensorType
+from ...ir.types import TensorType
 from . import conv_batchlast as batch_last
 from . import conv_winograd as winograd
-from .conv_geometry import ConvGeometry, bias_shape, crop_padding, dims_product, is_pointwise, store, windows
+from ..conv_geometry import ConvGeometry, bias_shape, crop_padding, dims_product, is_pointwise, store, windows
 from .scratch import Layout, layout_bytes, take
 
 
@@ -108,7 +108,7 @@ def forward_methods(x_shape: Sequence[int], w_shape: Sequence[int], dtype: Any, 
 
 def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], has_bias: bool, dtype: Any,
                    geo: ConvGeometry, method: Tuple[str, int]) -> Layout:
-    """The temporaries conv_forward takes (cgvm.ops.scratch) for these operands by ``method``."""
+    """The temporaries conv_forward takes (cgvm.ops.kernels.scratch) for these operands by ``method``."""
     kind, tile = method
     out_sizes = geo.out_sizes(x_shape[2:], w_shape[2:])
     if kind == "winograd":
@@ -140,7 +140,7 @@ def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], has_bias: boo
 def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, out: Optional[Any] = None,
                  scratch: Optional[Any] = None) -> Any:
     """y = conv(x, w) + b. Runs the first of forward_methods whose temporaries fit in ``scratch``
-    (a planned uint8 block, see cgvm.ops.scratch), or the first, allocating, without one.
+    (a planned uint8 block, see cgvm.ops.kernels.scratch), or the first, allocating, without one.
 
     im2col copies the windows of a chunk of samples (zero-padded one chunk at a time) into
     columns, then GEMMs over (samples, groups) and adds the bias to the chunk's output while it

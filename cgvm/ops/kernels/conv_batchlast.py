@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .conv_geometry import dims_product
+from ..conv_geometry import dims_product
 from .scratch import take
 
 #: columns kept per chunk of output rows (bytes): as conv.py's im2col, about what a core's L2
@@ -88,7 +88,7 @@ def _columns(xp: Any, xt: Any, ksize: Tuple[int, int], r0: int, r1: int, ow: int
 
 def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], geo: Any, out_sizes: Sequence[int],
                    dtype: Any) -> list:
-    """The temporaries of ``forward`` (cgvm.ops.scratch): the padded batch-last input, and the
+    """The temporaries of ``forward`` (cgvm.ops.kernels.scratch): the padded batch-last input, and the
     columns and products of the largest chunk of output rows."""
     n, c, h, wd = x_shape
     o, _, kh, kw = w_shape

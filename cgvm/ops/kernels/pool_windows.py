@@ -1,7 +1,7 @@
 """Pooling windows: their geometry (PoolGeometry) and the kernels that work for any windows.
 
 The op definitions are in cgvm.ops.pool; windows that tile the input have their own layouts
-(cgvm.ops.pool_tiled).
+(cgvm.ops.kernels.pool_tiled).
 
 Kernels loop over the kernel offsets, each one strided slice of the input clipped to the image
 (padding is never copied), a chunk of (sample, channel) planes at a time; k x k windows reduce one
@@ -15,10 +15,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ShapeError
+from ...errors import ShapeError
 from . import pool_tiled as tiled
-from .conv_geometry import PadPairs, crop_padding, pad_pairs, spatial_values
-from .rules import Dim
+from ..conv_geometry import PadPairs, crop_padding, pad_pairs, spatial_values
+from ..rules import Dim
 
 
 def pool_out_size(n: Dim, k: int, s: int, pads: Tuple[int, int], ceil_mode: bool) -> Dim:

@@ -214,7 +214,7 @@ def _phase_copies(x_width: int, pad_left: int, tile: int) -> List[Tuple[int, int
 
 def scratch_layout(x_shape: Sequence[int], out_channels: int, pads: Tuple[Tuple[int, int], Tuple[int, int]],
                    tile: int, dtype: Any) -> list:
-    """The temporaries of winograd_conv2d (cgvm.ops.scratch): the transformed weights U, the
+    """The temporaries of winograd_conv2d (cgvm.ops.kernels.scratch): the transformed weights U, the
     phase-split input of one chunk of samples and the two band buffers."""
     plan = _Plan(x_shape, out_channels, pads, tile, np.dtype(dtype).itemsize)
     c = x_shape[1]

@@ -12,7 +12,7 @@ long. For 2x2 max pooling the gradient is built the same way, in the two stages.
 Max pooling's ties go to the first maximum in row-major window order (Caffe's rule): the first
 row holding the window's maximum, then the first column of that row holding it.
 
-``geo`` here is a cgvm.ops.pool_windows.PoolGeometry.
+``geo`` here is a cgvm.ops.kernels.pool_windows.PoolGeometry.
 """
 from __future__ import annotations
 
