@@ -1,25 +1,17 @@
 """The ``cgvm`` command line.
 
 Core commands live here (compile, dis, info, bench, demo); frontends add theirs (the Caffe
-frontend adds train, test, time, run, draw, data) by registering in COMMANDS.
+frontend adds train, test, time, run, draw, data) with cgvm.commands.command, which the
+frontends import instead of this module.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import List, Optional
 
+from .commands import COMMANDS, command  # noqa: F401  (`command` re-exported: register a subcommand)
 from .errors import CgvmError
-
-# name -> (help, add_arguments(parser), run(args) -> exit code)
-COMMANDS: Dict[str, Tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {}
-
-
-def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None]):
-    def deco(fn: Callable[[argparse.Namespace], int]):
-        COMMANDS[name] = (help, add_arguments, fn)
-        return fn
-    return deco
 
 
 def load_graph_file(path: str, args: argparse.Namespace):

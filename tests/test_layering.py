@@ -5,8 +5,16 @@
     cgvm.autodiff   builds graphs with cgvm.ir and cgvm.ops only
     cgvm.backend    imports nothing of ir, ops, autodiff, compiler, vm, function, frontends
     cgvm.vm         never imports cgvm.compiler, cgvm.compiled or the frontends
+    cgvm.compiler   builds on the IR, ops, autodiff and the VM's bytecode; never the compiled
+                    function, the backends, DLPack, the frontends or the command line
+    cgvm.compiled   ties compiler, VM and backends together; never the frontends or the command line
+    cgvm.dlpack     sits on the backends (and cgvm.errors) only
+    cgvm.cli        drives the public API: never the VM's internals (the interpreter, the bytecode)
     cgvm.frontends  never import the VM's internals (cgvm.vm.interpreter, cgvm.vm.bytecode) or the
-                    compiler's internals (its submodules; the cgvm.compiler package is public)
+                    compiler's internals (its submodules; the cgvm.compiler package is public),
+                    nor another frontend (or its alias cgvm.caffe / cgvm.keras / cgvm.theano),
+                    nor the command line (they register subcommands through cgvm.commands)
+    nothing but cgvm.cli itself imports cgvm.cli
 
 Every import counts, also those inside functions and under ``if TYPE_CHECKING``: a lazy import
 still ties the layers together. Each package may import itself.
@@ -132,6 +140,15 @@ class Rule(NamedTuple):
         return _within(imp.target, self.forbidden)
 
 
+FRONTENDS = sorted(p.name for p in (PACKAGE_DIR / "frontends").iterdir() if (p / "__init__.py").is_file())
+
+
+def _other_frontends(name: str) -> Tuple[str, ...]:
+    """The modules of every frontend but ``name``, with their top-level aliases (cgvm.keras ...)."""
+    return tuple(m for other in FRONTENDS if other != name
+                 for m in (f"cgvm.frontends.{other}", f"cgvm.{other}"))
+
+
 RULES = [
     Rule("cgvm.ir", allowed=("cgvm.errors",), why="the IR imports nothing of cgvm but cgvm.errors"),
     Rule("cgvm.ops", allowed=("cgvm.ir", "cgvm.errors", "cgvm.backend"),
@@ -143,9 +160,17 @@ RULES = [
          why="backends run kernels and know nothing of graphs"),
     Rule("cgvm.vm", forbidden=("cgvm.compiler", "cgvm.compiled", "cgvm.frontends"),
          why="the VM runs programs; it does not compile them"),
-    Rule("cgvm.frontends", forbidden=("cgvm.vm.interpreter", "cgvm.vm.bytecode", "cgvm.compiler.*"),
-         why="frontends never touch the VM's or the compiler's internals"),
-]
+    Rule("cgvm.compiler", allowed=("cgvm.ir", "cgvm.ops", "cgvm.autodiff", "cgvm.vm.bytecode", "cgvm.errors"),
+         why="the compiler turns graphs into bytecode; it runs nothing and knows no frontend"),
+    Rule("cgvm.compiled", forbidden=("cgvm.frontends", "cgvm.caffe", "cgvm.keras", "cgvm.theano", "cgvm.cli"),
+         why="a compiled function knows no frontend and no command line"),
+    Rule("cgvm.dlpack", allowed=("cgvm.backend", "cgvm.errors"), why="DLPack interop sits on the backends only"),
+    Rule("cgvm.cli", forbidden=("cgvm.vm.interpreter", "cgvm.vm.bytecode"),
+         why="the command line drives the public API"),
+    Rule("cgvm.frontends", forbidden=("cgvm.vm.interpreter", "cgvm.vm.bytecode", "cgvm.compiler.*", "cgvm.cli"),
+         why="frontends never touch the VM's or the compiler's internals, nor the command line"),
+] + [Rule(f"cgvm.frontends.{name}", forbidden=_other_frontends(name),
+          why="frontends meet in the IR, never in each other's code") for name in FRONTENDS]
 
 
 def violations(imports: Sequence[Import], rules: Sequence[Rule] = tuple(RULES)) -> List[str]:
@@ -179,6 +204,19 @@ def test_resolution_of_relative_and_package_imports():
     assert len(reported) == 3, reported
     assert reported[0].startswith("cgvm/frontends/caffe/probe.py:1: cgvm.frontends.caffe.probe imports "
                                   "cgvm.vm.interpreter")
+
+
+def test_nothing_but_the_command_line_imports_it():
+    found = [f"{imp.path.relative_to(PACKAGE_DIR.parent)}:{imp.line}: {imp.module} imports {imp.target}"
+             for imp in all_imports() if _within(imp.target, ["cgvm.cli"]) and not _within(imp.module, ["cgvm.cli"])]
+    assert not found, "the command line is the top layer (register subcommands with cgvm.commands):\n  " + \
+        "\n  ".join(found)
+
+
+def test_the_frontend_rules_cover_every_frontend():
+    assert {"caffe", "keras", "theano"} <= set(FRONTENDS)
+    imp = Import("cgvm.frontends.keras.probe", Path("cgvm/frontends/keras/probe.py"), 3, "cgvm.caffe")
+    assert violations([imp]) and "each other's code" in violations([imp])[0]
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.layer)

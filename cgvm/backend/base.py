@@ -1,4 +1,9 @@
-"""The Backend protocol: an array module plus the few things the VM needs beyond it."""
+"""The Backend protocol: an array module plus the few things the VM needs beyond it.
+
+Device code that kernels call lives in this package too (kernels are written once against
+``xp``; where NumPy and CuPy need different code, it is here): ``scatter_add``, the BLAS
+binding (cgvm.backend.blas) and CUDA code generation (cgvm.backend.cuda_elementwise).
+"""
 from __future__ import annotations
 
 import os
@@ -13,8 +18,6 @@ class Backend(ABC):
 
     name: str = "abstract"
     xp: Any = None
-    #: op name -> factory(xp, **attrs) -> kernel; only where a backend truly needs its own kernel
-    overrides: Dict[str, Any] = {}
 
     @abstractmethod
     def asarray(self, x: Any, dtype: Any = None) -> Any:
@@ -37,6 +40,16 @@ _BACKENDS: Dict[str, Backend] = {}
 def host_array(x: Any) -> np.ndarray:
     """``x`` as a NumPy array, copied off the device when it lives on one (a CuPy array), else as is."""
     return np.asarray(x.get() if hasattr(x, "get") else x)
+
+
+def scatter_add(xp: Any, target: Any, index: Any, values: Any) -> None:
+    """``target[index] += values`` where repeated indices accumulate (NumPy and CuPy alike)."""
+    if hasattr(xp, "add") and hasattr(xp.add, "at"):
+        xp.add.at(target, index, values)
+    else:
+        import cupyx  # only array modules without ufunc.at (CuPy) get here
+
+        cupyx.scatter_add(target, index, values)
 
 
 def get_backend(name: Optional[str] = None) -> Backend:

@@ -2,7 +2,7 @@
 
 Slices follow Python: ``starts``/``stops``/``steps`` per axis in ``axes`` (default: the leading
 axes), with ``None``, negative indices and negative steps. Gradients of gathers are scatter-adds
-(``xp.add.at``, or ``cupyx.scatter_add`` where the array module has no ``ufunc.at``), so
+(cgvm.backend.scatter_add: ``xp.add.at``, or ``cupyx.scatter_add`` on CuPy), so
 repeated indices accumulate.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 from typing import Any, Dict, List, Sequence, Tuple
 
+from ..backend import scatter_add
 from ..errors import DTypeError, ShapeError
 from ..ir.attrs import DTypeAttr, Float, Int, Ints, Str
 from ..ir.types import TensorType, float32
@@ -20,16 +21,6 @@ from .rules import Dim, broadcast_shapes, normalize_axis
 
 # The op below is named `slice`, as users know it; Python's own slice is _py_slice in this module.
 _py_slice = builtins.slice
-
-
-def scatter_add(xp: Any, target: Any, index: Any, values: Any) -> None:
-    """``target[index] += values`` where repeated indices accumulate (NumPy and CuPy alike)."""
-    if hasattr(xp, "add") and hasattr(xp.add, "at"):
-        xp.add.at(target, index, values)
-    else:
-        import cupyx  # only array modules without ufunc.at (CuPy) get here
-
-        cupyx.scatter_add(target, index, values)
 
 
 def _require_int(t: TensorType, what: str) -> None:

@@ -109,14 +109,11 @@ class OpDef(OpSchema):
     def build_grad(self, node: Any, gouts: Sequence[Any]) -> List[Any]:
         return list(self._grad(node, *gouts))  # type: ignore[misc]
 
-    def bind(self, xp: Any, attrs: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None,
-             runtime: Any = None) -> KernelFn:
+    def bind(self, xp: Any, attrs: Mapping[str, Any], runtime: Any = None) -> KernelFn:
         """A callable ``k(*inputs, out=...)`` for array module ``xp`` with attributes pre-bound.
 
         ``runtime`` (needed by control-flow ops only) has ``compile(graph) -> run(list) -> list``.
         """
-        if overrides and self.name in overrides:
-            return overrides[self.name](xp, **attrs)
         if self.needs_runtime:
             if runtime is None:
                 raise TypeError(f"op {self.name!r} runs sub-graphs and needs a runtime to bind")

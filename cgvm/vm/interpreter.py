@@ -60,7 +60,7 @@ class Executable:
         if self.backend.name == "numpy":
             ensure_configured()
         xp = self.backend.xp
-        self.kernels = [node.op.bind(xp, node.attrs, self.backend.overrides, runtime) for node in program.nodes]
+        self.kernels = [node.op.bind(xp, node.attrs, runtime=runtime) for node in program.nodes]
         self.planner = planner
         self.infer = infer
         self.specialize = specialize  # (program, slot types) -> program for this signature

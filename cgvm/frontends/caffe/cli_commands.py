@@ -18,7 +18,7 @@ from typing import Any, Iterator, List, Optional
 import numpy as np
 
 from cgvm.backend import host_array
-from cgvm.cli import command
+from cgvm.commands import command
 from cgvm.errors import BackendUnavailable, CgvmError
 
 # --------------------------------------------------------------------------- shared flags
