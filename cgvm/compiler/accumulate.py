@@ -24,7 +24,6 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 from ..ir.builder import apply
 from ..ir.graph import CONST, Graph, Node, Value
 from ..ops import fused as F
-from ..ops.registry import SHAPE_ONLY_INPUTS
 from .fuse import fused_source
 from .rewrite import rewrite
 
@@ -43,7 +42,7 @@ class _Readers:
         self.count: Dict[int, int] = {}
         for n in graph.nodes:
             for k, v in enumerate(n.inputs):
-                if (n.op.name, k) not in SHAPE_ONLY_INPUTS:
+                if not n.op.reads_only_shape(k):
                     self.count[id(v)] = self.count.get(id(v), 0) + 1
 
     def private(self, v: Value) -> bool:
@@ -60,7 +59,7 @@ class _Term(NamedTuple):
 def _term(v: Value, readers: _Readers, symbolic: bool) -> _Term:
     """``v`` as ``factor [* scale] * base``, through a mul by a scalar that only this pattern reads."""
     node = v.node
-    if node is not None and node.op.name == "mul" and readers.private(v):
+    if node is not None and node.op.name == "mul" and readers.private(v):   # the pattern: a scaled term
         for k in (0, 1):
             s, other = node.inputs[k], node.inputs[1 - k]
             factor = _scalar_constant(s)
@@ -98,7 +97,7 @@ def _accumulation(node: Node, readers: _Readers) -> Optional[_Accumulation]:
                 and c.base.dtype is product.dtype is z.dtype):
             continue
         alpha, beta = p.factor, c.factor
-        if node.op.name == "sub":
+        if node.op.name == "sub":   # the pattern's root is add or sub: sub negates one term
             if k == 1:
                 alpha = -alpha
             else:
@@ -111,7 +110,7 @@ def _accumulation(node: Node, readers: _Readers) -> Optional[_Accumulation]:
 
 def fuse_accumulations(graph: Graph) -> Graph:
     """``beta * c + alpha [* scale] * (a @ b)`` -> ``gemm_accumulate(a, b, c[, scale], alpha, beta)``."""
-    if not any(n.op.name == "matmul" for n in graph.nodes):
+    if not any(n.op.name == "matmul" for n in graph.nodes):   # the pattern's product: nothing to match
         return graph
     readers = _Readers(graph)
     found = {id(n): hit for n in graph.nodes for hit in [_accumulation(n, readers)] if hit is not None}

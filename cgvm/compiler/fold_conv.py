@@ -128,7 +128,7 @@ def fold_channel_op(node, inputs, sole):
         if c is None:
             continue
         vec = const_value(other.data.reshape(c)) if other.kind == CONST else _channel_vector(other, c)
-        if node.op.name == "mul":
+        if node.op.name == "mul":   # the pattern is conv then mul (a scale) or add (a shift)
             return _fold_scale_shift(conv, node, vec, None)
         return _fold_scale_shift(conv, node, None, vec)
     return None

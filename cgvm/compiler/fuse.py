@@ -24,7 +24,7 @@ from ..ir.builder import apply
 from ..ir.graph import CONST, Graph, Node, Value
 from ..ir.types import DType
 from ..ops import fused as F
-from ..ops.registry import BROADCAST, ELEMWISE, SHAPE_ONLY_INPUTS
+from ..ops.registry import BROADCAST, ELEMWISE
 from ..ops.rules import broadcast_shapes
 from .rewrite import rewrite
 
@@ -42,28 +42,9 @@ def lower(node: Node) -> Optional[Steps]:
     op = node.op
     if len(node.outputs) != 1 or op.pattern not in (ELEMWISE, BROADCAST) or op.stateful:
         return None
-    dtype = node.outputs[0].dtype
     if op.ufunc in F.UFUNC_ARITY and not node.attrs and F.UFUNC_ARITY[op.ufunc] == len(node.inputs):
         return [(op.ufunc, tuple(range(len(node.inputs))))]
-    name = op.name
-    if name == "relu" and node.attrs["negative_slope"] == 0.0 and not dtype.is_bool:
-        return [("maximum", (0, F.lit(0, dtype)))]
-    if not dtype.is_float or not node.inputs[0].dtype.is_float:
-        return None
-    if name == "sigmoid":  # as its kernel computes it: 0.5 tanh(x / 2) + 0.5
-        half = F.lit(0.5, dtype)
-        return [("multiply", (0, half)), ("tanh", (F.ACC,)), ("multiply", (F.ACC, half)), ("add", (F.ACC, half))]
-    if name == "rsqrt":
-        return [("sqrt", (0,)), ("reciprocal", (F.ACC,))]
-    if name == "clip" and len(node.inputs) == 1:
-        lo, hi = node.attrs["lo"], node.attrs["hi"]
-        steps: Steps = []
-        if lo is not None:
-            steps.append(("maximum", (0, F.lit(lo, dtype))))
-        if hi is not None:
-            steps.append(("minimum", (F.ACC if steps else 0, F.lit(hi, dtype))))
-        return steps or None
-    return None
+    return op.lower(node)   # the op's own @op.lowering (relu, sigmoid, rsqrt, clip ...)
 
 
 # --------------------------------------------------------------------------- chain discovery
@@ -300,22 +281,14 @@ def fuse_elementwise(graph: Graph) -> Graph:
     return rewrite(graph, rule, lookup=True)
 
 
-_ACTIVATIONS = ("relu", "tanh", "sigmoid")
-_MASTERS = ("matmul", "gemm", "conv")   # ops whose output an epilogue can finish
-# a shape-only reader of a fused intermediate can read the fused result instead (same shape and dtype)
-_SHAPE_ONLY = SHAPE_ONLY_INPUTS
-
-
 def _activation(node: Node) -> Optional[str]:
-    name = node.op.name
-    if name not in _ACTIVATIONS or len(node.inputs) != 1:
-        return None
-    return None if name == "relu" and node.attrs["negative_slope"] != 0.0 else name
+    """The activation an epilogue can apply for ``node`` (the op's ``activation=``), or None."""
+    return node.op.activation_of(node) if len(node.inputs) == 1 else None
 
 
 class _Epilogue(NamedTuple):
-    master: Node            # matmul, gemm or conv
-    bias: Optional[Value]   # the bias added after a matmul
+    master: Node            # an op with an epilogue (@op.epilogue_into: matmul, gemm, conv)
+    bias: Optional[Value]   # the bias added after the master, where its epilogue takes one
     act: str                # "none" or the activation applied last
     last: Node              # the node whose output the fused op replaces
     inner: Tuple[Value, ...]  # values the fused op swallows (same shape and dtype as its result)
@@ -335,24 +308,25 @@ def _plan_epilogues(graph: Graph) -> List[_Epilogue]:
         """The one reader of ``v`` that needs its values, if ``v`` is a swallowable intermediate."""
         if id(v) in leaves:
             return None
-        real = [n for n, k in readers.get(id(v), ()) if (n.op.name, k) not in _SHAPE_ONLY]
+        real = [n for n, k in readers.get(id(v), ()) if not n.op.reads_only_shape(k)]
         return real[0] if len(real) == 1 and real[0].inputs.count(v) == 1 else None
 
     def shape_readers_after(values: Sequence[Value], last: Node) -> bool:
         return all(order[id(n)] > order[id(last)] for v in values for n, k in readers.get(id(v), ())
-                   if (n.op.name, k) in _SHAPE_ONLY)
+                   if n.op.reads_only_shape(k))
 
     groups = []
     for master in graph.nodes:
-        if master.op.name not in _MASTERS or len(master.outputs) != 1:
+        epilogue = master.op.epilogue
+        if epilogue is None or len(master.outputs) != 1:
             continue
         y = master.outputs[0]
         inner: List[Value] = []
         bias = None
         last = master
         reader = next_reader(y)
-        if master.op.name == "matmul":
-            if reader is None or reader.op.name != "add" or y.ndim == 0:
+        if epilogue.bias_after is not None:
+            if reader is None or reader.op is not epilogue.bias_after or y.ndim == 0:
                 continue
             bias = reader.inputs[1] if reader.inputs[0] is y else reader.inputs[0]
             z = reader.outputs[0]
@@ -361,15 +335,12 @@ def _plan_epilogues(graph: Graph) -> List[_Epilogue]:
             inner.append(y)
             last, y = reader, z
             reader = next_reader(y)
-        elif master.op.name == "gemm" and not (len(master.inputs) == 3 and master.attrs["alpha"] == 1.0
-                                               and master.attrs["beta"] == 1.0):
-            continue
         act = "none"
         if reader is not None and _activation(reader) is not None and reader.outputs[0].dtype is y.dtype:
             act = _activation(reader)
             inner.append(y)
             last = reader
-        if last is master or not shape_readers_after(inner, last):
+        if last is master or not shape_readers_after(inner, last) or epilogue.attrs(master, act) is None:
             continue
         groups.append(_Epilogue(master, bias, act, last, tuple(inner)))
     return groups
@@ -379,18 +350,16 @@ def _fused_epilogue(group: _Epilogue, rebuilt: Callable[[Value], Value]) -> Valu
     master = group.master
     args = [rebuilt(v) for v in master.inputs]
     swallowed = [master] + [v.node for v in group.inner[1:]] + [group.last]
-    where = dict(name=group.last.name, source=fused_source(swallowed))
-    if master.op.name == "conv":
-        return apply(F.conv_bias_act, args, dict(master.attrs, act=group.act), **where)
-    if master.op.name == "gemm":
-        attrs = {"act": group.act, "trans_a": master.attrs["trans_a"], "trans_b": master.attrs["trans_b"]}
-        return apply(F.gemm_bias_act, args, attrs, **where)
-    return apply(F.gemm_bias_act, args + [rebuilt(group.bias)], {"act": group.act}, **where)
+    epilogue = master.op.epilogue
+    if group.bias is not None:
+        args.append(rebuilt(group.bias))
+    return apply(epilogue.fused, args, epilogue.attrs(master, group.act), name=group.last.name,
+                 source=fused_source(swallowed))
 
 
 def fuse_epilogues(graph: Graph) -> Graph:
     """matmul + bias (+ activation) -> gemm_bias_act; gemm + activation, conv + activation likewise."""
-    if not any(n.op.name in _MASTERS for n in graph.nodes):
+    if not any(n.op.epilogue is not None for n in graph.nodes):
         return graph
     groups = {id(g.last): g for g in _plan_epilogues(graph)}
     if not groups:
@@ -400,7 +369,7 @@ def fuse_epilogues(graph: Graph) -> Graph:
 
     def rule(node, inputs, rebuilt):
         for k, old in enumerate(node.inputs):
-            if id(old) in swallowed and (node.op.name, k) in _SHAPE_ONLY:
+            if id(old) in swallowed and node.op.reads_only_shape(k):
                 inputs[k] = results[swallowed[id(old)]]
         group = groups.get(id(node))
         if group is None:

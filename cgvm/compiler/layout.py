@@ -32,7 +32,7 @@ def _is_scalar(v: Value) -> bool:
 def sink_transposes(graph: Graph) -> Graph:
     def rule(node, inputs: List[Value]) -> Optional[Sequence[Value]]:
         op = node.op
-        if op.name == "transpose":
+        if op.name == "transpose":   # this pass moves transposes: the op it is about
             inner = _perm_of(inputs[0])
             if inner is None:
                 return None

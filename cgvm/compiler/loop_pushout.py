@@ -28,7 +28,7 @@ from ..ir.graph import CONST, Graph, Node, Value, input_value
 from ..ops import linalg, reduce, scan_plumbing
 from ..ops import elementwise as ew
 from ..ops import shape as shp
-from ..ops.registry import BROADCAST, ELEMWISE, SHAPE_ONLY_INPUTS
+from ..ops.registry import BROADCAST, ELEMWISE
 from .rewrite import rewrite
 
 
@@ -58,7 +58,7 @@ def _push_sequence_work(node: Node, inputs: List[Value]) -> Optional[List[Value]
 
     pushed: List[Node] = []
     for n in body.nodes:
-        if n.op.name == "matmul":
+        if n.op.name == "matmul":   # the pattern: a per-step product with a loop-invariant matrix
             x, p = n.inputs
             if not (id(x) in seqlike and x.ndim == 2 and p.ndim == 2 and (p.kind == CONST or id(p) in invariant)):
                 continue
@@ -71,7 +71,7 @@ def _push_sequence_work(node: Node, inputs: List[Value]) -> Optional[List[Value]
     wanted = {id(v) for v in body.outputs}
     for n in reversed(body.nodes):
         if any(id(o) in wanted for o in n.outputs):
-            wanted.update(id(v) for k, v in enumerate(n.inputs) if (n.op.name, k) not in SHAPE_ONLY_INPUTS)
+            wanted.update(id(v) for k, v in enumerate(n.inputs) if not n.op.reads_only_shape(k))
     pushed = [n for n in pushed if id(n.outputs[0]) in wanted]
     if not pushed:
         return None
@@ -120,6 +120,7 @@ def _term_factors(term: Value, invariant: Dict[int, Value]) -> Optional[_Term]:
     or sum_to_like(v, p) that really reduces (p has fewer axes than v: bias gradients)."""
     like = None
     n = term.node
+    # the patterns, as autodiff writes a loop body's weight gradients (see the docstring)
     if n is not None and n.op.name == "sum_to_like":
         v, p = n.inputs
         if not (p.kind == CONST or id(p) in invariant):

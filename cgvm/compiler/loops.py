@@ -13,7 +13,6 @@ from typing import Dict, List
 
 from ..ir.builder import clone_node, rebuild
 from ..ir.graph import CONST, Graph, Value, input_value
-from ..ops.registry import GEMM_OPS
 from ..ops.shape import contiguous
 from .rewrite import rewrite
 
@@ -58,7 +57,9 @@ def _hoist_scan(node, inputs):
     new_body = Graph(list(body.inputs) + new_inputs, new_outs, name=body.name)
     attrs = dict(a)
     attrs["body"] = new_body
-    gemm_read = {id(v) for n in body.nodes if n.op.name in GEMM_OPS and n not in invariant for v in n.inputs}
+    gemm_read = {id(v) for n in body.nodes if n.op.runs_gemm and n not in invariant for v in n.inputs}
+    # a transpose is the strided view a hoisted GEMM operand usually is (autodiff's x.T): copied
+    # contiguous once outside the loop rather than strided on every step
     entering = [contiguous(outer[id(v)]) if id(v) in gemm_read and v.node is not None
                 and v.node.op.name == "transpose" else outer[id(v)] for v in needed]
     return clone_node(node, list(inputs[:S + C + len(outer_nonseq)]) + entering + list(tail), attrs)

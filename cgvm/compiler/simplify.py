@@ -49,15 +49,12 @@ Rule = Callable[[Node, Sequence[Value]], Optional[Value]]
 
 # --------------------------------------------------------------------------- helpers
 
-_FILLS = {"zeros_like": 0.0, "ones_like": 1.0}   # ops whose result holds one value everywhere
-
-
 def _is_const(v: Value, value: float) -> bool:
     """``v`` surely holds ``value`` everywhere: a constant, or a zeros_like/ones_like (autodiff's zero gradients)."""
     if v.kind == CONST:
         return v.data.size > 0 and bool(np.all(v.data == value))
     n = made(v)
-    return n is not None and _FILLS.get(n.op.name) == value
+    return n is not None and n.op.fill is not None and n.op.fill == value
 
 
 def _within(inner: Sequence, outer: Sequence) -> bool:
@@ -85,16 +82,9 @@ def _fully_known(shape: Sequence) -> bool:
     return None not in shape
 
 
-_NON_NEGATIVE = {"exp", "sqrt", "square", "abs", "sigmoid", "softplus", "softmax"}
-
-
 def _non_negative(v: Value) -> bool:
     n = made(v)
-    if n is None:
-        return False
-    if n.op.name == "relu":
-        return n.attrs["negative_slope"] == 0.0
-    return n.op.name in _NON_NEGATIVE
+    return n is not None and n.op.is_nonnegative(n)
 
 
 # --------------------------------------------------------------------------- algebra
@@ -314,6 +304,7 @@ def _one_hot_labels(v: Value, x: Value, axis: int) -> Optional[Value]:
     n = made(v)
     if n is None or v.type != x.type:
         return None
+    # the rewrite's pattern: the two one-hot encoders whose labels softmax_cross_entropy can take
     if n.op.name == "one_hot_like" and normalize_axis(n.attrs["axis"], x.ndim) == axis:
         return n.inputs[0]
     if n.op.name == "one_hot" and axis == x.ndim - 1 and n.attrs["depth"] == x.shape[-1]:
@@ -358,7 +349,7 @@ def _cross_entropy(node: Node, inputs: Sequence[Value], sole: Callable[[Value], 
         if n is None or not sole(v):
             return None
         ins = list(n.inputs)
-        if n.op.name == "mul":
+        if n.op.name == "mul":   # the pattern: -sum(mul(log p, onehot)) (negations and sums above it)
             break
     if sign != -1 or not sole(v):
         return None

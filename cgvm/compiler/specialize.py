@@ -9,20 +9,11 @@ instructions whose results nobody reads any more are dropped.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence
+from typing import Dict, List, Sequence
 
 from ..ir.types import TensorType
 from ..vm.bytecode import CALL, RET, Instr, Program
 from .codegen import with_frees
-
-# op name -> when, for these input and output types, the op returns its first input unchanged
-IDENTITY_WHEN: Dict[str, Callable[[Sequence[TensorType], TensorType], bool]] = {
-    "sum_to_like": lambda ins, out: ins[0] == out,
-    "broadcast_like": lambda ins, out: ins[0] == out,
-    "reshape_like": lambda ins, out: ins[0] == out,
-    "cast": lambda ins, out: ins[0] == out,
-}
-
 
 def specialize(program: Program, types: Sequence[TensorType], copied_outputs: Sequence[int] = ()) -> Program:
     """The program with identity adapters aliased away and dead instructions removed.
@@ -44,10 +35,10 @@ def specialize(program: Program, types: Sequence[TensorType], copied_outputs: Se
         if ins.opcode != CALL:
             continue
         args = tuple(alias.get(a, a) for a in ins.args)
-        rule = IDENTITY_WHEN.get(program.nodes[ins.node].op.name)
-        if (rule is not None and len(ins.results) == 1
+        op = program.nodes[ins.node].op   # identity rules are the ops' own (@op.identity_when)
+        if (op.may_be_identity and len(ins.results) == 1
                 and all(types[s].is_concrete for s in args[:1] + ins.results)
-                and rule([types[a] for a in args], types[ins.results[0]])):
+                and op.is_identity([types[a] for a in args], types[ins.results[0]])):
             result, source = ins.results[0], args[0]
             # an output may become its source only when that is computed here and returned once:
             # it is then a fresh array like any output (not an input's memory, not a planned

@@ -34,7 +34,7 @@ from ..ir.graph import Graph, Value, input_value, toposort
 from ..ir.types import TensorType
 from . import elementwise as ew
 from . import shape as shp
-from .registry import GEMM_OPS, OPAQUE, defop, subgraph_gradients
+from .registry import OPAQUE, defop, subgraph_gradients
 from .scan_plumbing import pad_steps_like, reverse, shift_in
 from .kernels.scratch import REFS_HELD_ONCE, aligned, aligned_empty
 
@@ -157,7 +157,7 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
     steady = _steady_loop(n_seqs, n_carry, len(body.inputs) - n_seqs - n_carry, kept, go_backwards, has_until,
                           unread_seqs, seq_order)
     # non-sequences a GEMM reads on every step: made cache-line aligned once per call
-    gemm_read = {id(v) for n in body.nodes if n.op.name in GEMM_OPS for v in n.inputs}
+    gemm_read = {id(v) for n in body.nodes if n.op.runs_gemm for v in n.inputs}
     realign = [k for k, v in enumerate(body.inputs[n_seqs + n_carry:]) if id(v) in gemm_read]
 
     def scan_kernel(*inputs):

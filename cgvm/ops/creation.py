@@ -16,7 +16,7 @@ from ..ir.attrs import AttrKind, DTypeAttr, Float, Int, Ints
 from ..ir.graph import CONST, Value, const_value
 from ..ir.types import TensorType, float32, int64
 from . import reduce as red
-from .registry import INJECTIVE, defop
+from .registry import defop
 from .shape import OptionalInts, check_broadcastable_to
 
 
@@ -39,11 +39,11 @@ def _shaped_filler(fill):
     return factory
 
 
-zeros = defop("zeros", num_inputs=0, pattern=INJECTIVE, differentiable=False, infer=_fill_infer,
+zeros = defop("zeros", num_inputs=0, differentiable=False, infer=_fill_infer,
               attrs={"shape": Ints(), "dtype": DTypeAttr(float32)})
-ones = defop("ones", num_inputs=0, pattern=INJECTIVE, differentiable=False, infer=_fill_infer,
+ones = defop("ones", num_inputs=0, differentiable=False, infer=_fill_infer,
              attrs={"shape": Ints(), "dtype": DTypeAttr(float32)})
-full = defop("full", num_inputs=0, pattern=INJECTIVE, differentiable=False, infer=_fill_infer,
+full = defop("full", num_inputs=0, differentiable=False, infer=_fill_infer,
              attrs={"shape": Ints(), "value": Float(), "dtype": DTypeAttr(float32)})
 zeros.kernel_factory(_shaped_filler(0))
 ones.kernel_factory(_shaped_filler(1))
@@ -73,7 +73,7 @@ def _arange_infer(types, start, stop, step, dtype):
     return TensorType((max(0, math.ceil((stop - start) / step)),), _arange_dtype(start, stop, step, dtype))
 
 
-arange = defop("arange", num_inputs=0, pattern=INJECTIVE, differentiable=False, infer=_arange_infer,
+arange = defop("arange", num_inputs=0, differentiable=False, infer=_arange_infer,
                attrs={"start": Number(0), "stop": Number(), "step": Number(1), "dtype": DTypeAttr(None)},
                doc="Evenly spaced values in [start, stop); int64 when all bounds are ints, else float32.")
 
@@ -99,7 +99,7 @@ def _eye_infer(types, n, m, k, dtype):
     return TensorType((n, n if m is None else m), dtype)
 
 
-eye = defop("eye", num_inputs=0, pattern=INJECTIVE, differentiable=False, infer=_eye_infer,
+eye = defop("eye", num_inputs=0, differentiable=False, infer=_eye_infer,
             attrs={"n": Int(), "m": Int(None), "k": Int(0), "dtype": DTypeAttr(float32)},
             doc="An n x m matrix with ones on diagonal k.")
 
@@ -125,7 +125,7 @@ def _alloc_infer(types, shape):
     return TensorType(hints, value.dtype)
 
 
-alloc_op = defop("alloc", num_inputs=(1, None), pattern=INJECTIVE, infer=_alloc_infer,
+alloc_op = defop("alloc", num_inputs=(1, None), infer=_alloc_infer,
                  attrs={"shape": OptionalInts(None)},
                  doc="Theano's alloc: the first input broadcast to the shape given by integer scalar inputs; "
                      "`shape` holds the dimensions known when the graph is built (None where not).")

@@ -21,8 +21,9 @@ from ..ir.attrs import DTypeAttr, Float, Int
 from ..ir.types import DType, TensorType, result_dtype
 from . import reduce as red
 from . import shape as shp
-from .registry import BROADCAST, ELEMWISE, defop
+from .registry import BROADCAST, ELEMWISE, defop, same_type_as_input
 from .rules import assign_out as _assign, broadcast_shapes
+from .ufunc_steps import ACC, float_in_and_out, lit
 
 # --------------------------------------------------------------------------- helpers
 
@@ -148,7 +149,7 @@ def _(node, g):
     return [_unbroadcast(ga, a), _unbroadcast(gb, b)]
 
 
-square = _unary("square", "square")
+square = _unary("square", "square", nonnegative=True)
 
 
 @square.grad
@@ -165,7 +166,7 @@ def _(node, g):
     return [neg(mul(g, mul(y, y)))]
 
 
-abs = _unary("abs", "absolute")
+abs = _unary("abs", "absolute", nonnegative=True)
 
 
 @abs.grad
@@ -222,6 +223,19 @@ def _int_bound(bound: Optional[float], dtype, up: bool) -> Optional[int]:
     info = np.iinfo(dtype)
     v = math.ceil(bound) if up else math.floor(bound)
     return min(max(v, int(info.min)), int(info.max))
+
+
+@clip.lowering
+def _(node):
+    if len(node.inputs) != 1 or not float_in_and_out(node):
+        return None
+    dtype, lo, hi = node.outputs[0].dtype, node.attrs["lo"], node.attrs["hi"]
+    steps = []
+    if lo is not None:
+        steps.append(("maximum", (0, lit(lo, dtype))))
+    if hi is not None:
+        steps.append(("minimum", (ACC if steps else 0, lit(hi, dtype))))
+    return steps or None
 
 
 @clip.kernel_factory
@@ -327,6 +341,9 @@ def _(xp, x, *, decimals, out=None):
 
 cast = defop("cast", pattern=ELEMWISE, attrs={"dtype": DTypeAttr()},
              infer=lambda types, dtype: TensorType(types[0].shape, dtype))
+
+
+cast.identity_when(same_type_as_input)
 
 
 @cast.kernel_factory

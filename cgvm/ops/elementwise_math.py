@@ -16,6 +16,7 @@ from ..ir.types import DType
 from . import elementwise as ew
 from .elementwise import _assign, ufunc_result_dtype, ufunc_rule
 from .registry import ELEMWISE, defop
+from .ufunc_steps import ACC, float_in_and_out, lit
 
 _float_rule = ufunc_rule("exp")  # same shape; integers become the float type NumPy's exp gives
 
@@ -39,7 +40,7 @@ def _unary(name: str, ufunc: str, **kwargs):
 
 # --------------------------------------------------------------------------- exponentials and logarithms
 
-exp = _unary("exp", "exp")
+exp = _unary("exp", "exp", nonnegative=True)
 
 
 @exp.grad
@@ -87,7 +88,7 @@ def _(node, g):
     return [ew.div(g, ew.mul(node.inputs[0], math.log(10.0)))]
 
 
-sqrt = _unary("sqrt", "sqrt")
+sqrt = _unary("sqrt", "sqrt", nonnegative=True)
 
 
 @sqrt.grad
@@ -96,6 +97,11 @@ def _(node, g):
 
 
 rsqrt = defop("rsqrt", pattern=ELEMWISE, infer=_float_rule, inplace=((0, 0),), doc="1 / sqrt(x).")
+
+
+@rsqrt.lowering
+def _(node):
+    return [("sqrt", (0,)), ("reciprocal", (ACC,))] if float_in_and_out(node) else None
 
 
 @rsqrt.kernel
@@ -194,7 +200,7 @@ def _(node, g):
     return [ew.mul(g, sinh(node.inputs[0]))]
 
 
-tanh = _unary("tanh", "tanh")
+tanh = _unary("tanh", "tanh", activation="tanh")
 
 
 @tanh.grad
@@ -232,8 +238,17 @@ def _(node, g):
 
 # --------------------------------------------------------------------------- activations
 
-sigmoid = defop("sigmoid", pattern=ELEMWISE, infer=_float_rule, inplace=((0, 0),),
+sigmoid = defop("sigmoid", pattern=ELEMWISE, infer=_float_rule, inplace=((0, 0),), nonnegative=True,
+                activation="sigmoid",
                 doc="1 / (1 + exp(-x)), computed as 0.5 tanh(x / 2) + 0.5: no overflow for any x.")
+
+
+@sigmoid.lowering
+def _(node):   # as the kernel computes it: 0.5 tanh(x / 2) + 0.5
+    if not float_in_and_out(node):
+        return None
+    half = lit(0.5, node.outputs[0].dtype)
+    return [("multiply", (0, half)), ("tanh", (ACC,)), ("multiply", (ACC, half)), ("add", (ACC, half))]
 
 
 @sigmoid.kernel
@@ -252,7 +267,7 @@ def _(node, g):
     return [ew.mul(g, ew.mul(y, ew.sub(1, y)))]
 
 
-softplus = defop("softplus", pattern=ELEMWISE, infer=_float_rule, inplace=((0, 0),),
+softplus = defop("softplus", pattern=ELEMWISE, infer=_float_rule, inplace=((0, 0),), nonnegative=True,
                  doc="log(1 + exp(x)), computed as max(x, 0) + log1p(exp(-|x|)): no overflow for any x.")
 
 
@@ -271,7 +286,17 @@ def _(node, g):
 
 
 relu = defop("relu", pattern=ELEMWISE, infer=lambda types, negative_slope: types[0], inplace=((0, 0),),
+             activation=lambda node: "relu" if node.attrs["negative_slope"] == 0.0 else None,
+             nonnegative=lambda node: node.attrs["negative_slope"] == 0.0,
              attrs={"negative_slope": Float(0.0)}, doc="max(x, 0); with negative_slope, leaky: slope * x for x < 0.")
+
+
+@relu.lowering
+def _(node):
+    dtype = node.outputs[0].dtype
+    if node.attrs["negative_slope"] != 0.0 or dtype.is_bool:
+        return None
+    return [("maximum", (0, lit(0, dtype)))]
 
 
 @relu.kernel_factory

@@ -45,28 +45,11 @@ from ..ir.types import DType, TensorType, result_dtype
 from . import conv as cv
 from .conv_geometry import ConvGeometry
 from .kernels.conv_im2col import conv_forward, conv_forward_scratch
+from . import elementwise as ew
 from . import linalg as la
 from .registry import OPAQUE, defop
 from .rules import broadcast_shapes
-
-ACC = "acc"
-LIT = "lit"
-
-Operand = Any          # int (input index) | "acc" | ("lit", value, dtype_name)
-Step = Tuple[str, Tuple[Operand, ...]]
-Program = Tuple[Step, ...]
-
-#: the ufuncs a program may call, with their number of operands
-UFUNC_ARITY: Dict[str, int] = {
-    **{name: 2 for name in ("add", "subtract", "multiply", "divide", "power", "maximum", "minimum", "remainder",
-                            "floor_divide", "arctan2", "equal", "not_equal", "less", "less_equal", "greater",
-                            "greater_equal", "logical_and", "logical_or", "logical_xor", "bitwise_and",
-                            "bitwise_or", "bitwise_xor")},
-    **{name: 1 for name in ("negative", "positive", "square", "reciprocal", "absolute", "sign", "exp", "expm1",
-                            "log", "log1p", "log2", "log10", "sqrt", "sin", "cos", "tan", "arcsin", "arccos",
-                            "arctan", "sinh", "cosh", "tanh", "arcsinh", "arccosh", "arctanh", "floor", "ceil",
-                            "logical_not", "invert")},
-}
+from .ufunc_steps import ACC, LIT, UFUNC_ARITY, Operand, Program, Step, is_literal, lit  # noqa: F401
 
 _PY_MATH_FUNCS = tuple(f for f in FLOAT_FUNCS if f not in ("floor", "ceil"))
 
@@ -90,16 +73,6 @@ _NP_SCALAR_OPERATORS: Dict[str, str] = {
     "add": "({0} + {1})", "subtract": "({0} - {1})", "multiply": "({0} * {1})", "divide": "({0} / {1})",
     "negative": "(-{0})",
 }
-
-def lit(value: Any, dtype: Any) -> Tuple[str, Any, str]:
-    """A literal operand: ``value`` as a scalar of ``dtype``."""
-    d = DType(dtype)
-    return (LIT, np.asarray(value, d.np).item(), d.name)
-
-
-def is_literal(operand: Operand) -> bool:
-    return isinstance(operand, tuple)
-
 
 # --------------------------------------------------------------------------- program checks
 
@@ -320,7 +293,7 @@ def _gemm_bias_act_infer(types, act, trans_a, trans_b):
 
 
 gemm_bias_act = defop(
-    "gemm_bias_act", num_inputs=3, pattern=OPAQUE, infer=_gemm_bias_act_infer,
+    "gemm_bias_act", num_inputs=3, pattern=OPAQUE, infer=_gemm_bias_act_infer, runs_gemm=True,
     attrs={"act": Str("none", choices=ACTIVATIONS), "trans_a": Bool(False), "trans_b": Bool(False)},
     doc="act(op(a) @ op(b) + bias): matmul into the output buffer, then the bias added and the activation "
         "(none, relu, tanh, sigmoid) applied in place. op transposes a 2-D operand where asked.")
@@ -333,6 +306,18 @@ def _(xp, act, trans_a, trans_b):
         xp.add(y, bias, out=y)
         return apply_activation(xp, act, y)
     return kernel
+
+
+@la.matmul.epilogue_into(gemm_bias_act, bias_after=ew.add)
+def _(node, act):
+    return {"act": act}
+
+
+@la.gemm.epilogue_into(gemm_bias_act)
+def _(node, act):
+    if not (len(node.inputs) == 3 and node.attrs["alpha"] == 1.0 and node.attrs["beta"] == 1.0):
+        return None   # gemm_bias_act adds c unscaled
+    return {"act": act, "trans_a": node.attrs["trans_a"], "trans_b": node.attrs["trans_b"]}
 
 
 # --------------------------------------------------------------------------- accumulating products
@@ -369,6 +354,11 @@ conv_bias_act = defop(
     attrs=dict(cv.conv.attr_spec, act=Str("none", choices=ACTIVATIONS)),
     doc="act(conv(x, w[, b])): the convolution (its bias riding in the GEMM) written into the output buffer, "
         "then the activation (none, relu, tanh, sigmoid) applied in place.")
+
+
+@cv.conv.epilogue_into(conv_bias_act)
+def _(node, act):
+    return dict(node.attrs, act=act)
 
 
 @conv_bias_act.kernel

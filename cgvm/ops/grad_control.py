@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from ..ir.attrs import Float
 from . import elementwise as ew
-from .registry import INJECTIVE, defop
+from .registry import defop
 from .rules import same_as_input
 
-stop_gradient = defop("stop_gradient", pattern=INJECTIVE, view=True, differentiable=False, infer=same_as_input,
+stop_gradient = defop("stop_gradient", view=True, differentiable=False, infer=same_as_input,
                       doc="identity whose gradient is zero")
 
 
@@ -20,7 +20,7 @@ def _(xp, x):
     return x
 
 
-grad_scale = defop("grad_scale", pattern=INJECTIVE, view=True, infer=same_as_input, attrs={"scale": Float()},
+grad_scale = defop("grad_scale", view=True, infer=same_as_input, attrs={"scale": Float()},
                    doc="identity whose gradient is multiplied by `scale`")
 
 
@@ -34,7 +34,7 @@ def _(node, g):
     return [ew.mul(g, node.attrs["scale"])]
 
 
-grad_clip = defop("grad_clip", pattern=INJECTIVE, view=True, infer=same_as_input,
+grad_clip = defop("grad_clip", view=True, infer=same_as_input,
                   attrs={"lower": Float(), "upper": Float()},
                   doc="identity whose gradient is clipped to [lower, upper]")
 

@@ -16,7 +16,7 @@ from ..ir.attrs import DTypeAttr, Float, Int, Ints, Str
 from ..ir.types import TensorType, float32
 from . import reduce as red
 from . import shape as shp
-from .registry import INJECTIVE, OPAQUE, defop
+from .registry import OPAQUE, defop
 from .rules import Dim, broadcast_shapes, normalize_axis
 
 # The op below is named `slice`, as users know it; Python's own slice is _py_slice in this module.
@@ -82,7 +82,7 @@ def _index_maker(starts, stops, steps, axes):
     return index
 
 
-slice = defop("slice", pattern=INJECTIVE, view=True, attrs=dict(SLICE_ATTRS),
+slice = defop("slice", view=True, attrs=dict(SLICE_ATTRS),
               infer=lambda types, **attrs: _slice_type(types[0], attrs),
               doc="x[start:stop:step] on the given axes, with Python's slice semantics.")
 
@@ -125,10 +125,10 @@ def _subtensor_factory(increment: bool):
     return factory
 
 
-set_subtensor = defop("set_subtensor", num_inputs=2, pattern=INJECTIVE, inplace=((0, 0),),
+set_subtensor = defop("set_subtensor", num_inputs=2, inplace=((0, 0),),
                       attrs=dict(SLICE_ATTRS), infer=_subtensor_infer,
                       doc="A copy of x whose sliced region is set to y (broadcast).")
-inc_subtensor = defop("inc_subtensor", num_inputs=2, pattern=INJECTIVE, inplace=((0, 0),),
+inc_subtensor = defop("inc_subtensor", num_inputs=2, inplace=((0, 0),),
                       attrs=dict(SLICE_ATTRS), infer=_subtensor_infer,
                       doc="A copy of x whose sliced region is incremented by y (broadcast).")
 set_subtensor.kernel_factory(_subtensor_factory(increment=False))
@@ -163,7 +163,7 @@ def _take_infer(types, axis):
     return TensorType(x.shape[:a] + idx.shape + x.shape[a + 1:], x.dtype)
 
 
-take = defop("take", num_inputs=2, pattern=INJECTIVE, attrs={"axis": Int(None)}, infer=_take_infer,
+take = defop("take", num_inputs=2, attrs={"axis": Int(None)}, infer=_take_infer,
              doc="numpy.take: elements of x at integer indices along axis (the flattened x if None).")
 
 
@@ -211,7 +211,7 @@ def _advanced_infer(types):
     return TensorType(broadcast_shapes(*[t.shape for t in indices]) + x.shape[len(indices):], x.dtype)
 
 
-advanced_index = defop("advanced_index", num_inputs=(2, None), pattern=INJECTIVE, infer=_advanced_infer,
+advanced_index = defop("advanced_index", num_inputs=(2, None), infer=_advanced_infer,
                        doc="x[i0, i1, ...] with integer index arrays (broadcast together) on the leading axes.")
 
 
@@ -296,7 +296,7 @@ def _interior(shape: Sequence[int], pairs: Sequence[Tuple[int, int]]) -> Tuple[A
     return tuple(_py_slice(b, b + d) for d, (b, _) in zip(shape, pairs))
 
 
-pad = defop("pad", pattern=INJECTIVE, infer=_pad_infer,
+pad = defop("pad", infer=_pad_infer,
             attrs={"pads": Ints(), "mode": Str("constant", choices=PAD_MODES), "value": Float(0.0)},
             doc="Pad each axis by (before, after) = pads[2i], pads[2i+1]; constant `value`, or copies of "
                 "the input as numpy.pad's edge/reflect/symmetric/wrap modes.")
@@ -365,7 +365,7 @@ def _one_hot_infer(types, depth, dtype):
     return TensorType(types[0].shape + (depth,), dtype)
 
 
-one_hot = defop("one_hot", pattern=INJECTIVE, differentiable=False, infer=_one_hot_infer,
+one_hot = defop("one_hot", differentiable=False, infer=_one_hot_infer,
                 attrs={"depth": Int(), "dtype": DTypeAttr(float32)},
                 doc="A new last axis of length depth, 1 at each index and 0 elsewhere (rows of out-of-range "
                     "indices are all 0).")

@@ -12,7 +12,7 @@ from ..errors import ShapeError
 from ..ir.attrs import Int, Ints
 from ..ir.graph import Value
 from ..ir.types import TensorType, result_dtype
-from .registry import INJECTIVE, OPAQUE, defop
+from .registry import OPAQUE, defop
 from .rules import Dim, normalize_axis
 from .shape import squeeze, unify_dim, unify_shapes, zeros_like
 
@@ -37,7 +37,7 @@ def _sum_dims(dims: Sequence[Dim]) -> Dim:
     return None if None in dims else sum(dims)
 
 
-concat = defop("concat", num_inputs=(1, None), pattern=INJECTIVE, attrs={"axis": Int(0)}, infer=_concat_infer)
+concat = defop("concat", num_inputs=(1, None), attrs={"axis": Int(0)}, infer=_concat_infer)
 
 
 @concat.kernel
@@ -62,7 +62,7 @@ def _split_like_infer(types, axis):
     return [TensorType(g.shape[:ax] + (t.shape[ax],) + g.shape[ax + 1:], g.dtype) for t in likes]
 
 
-split_like = defop("split_like", num_inputs=(2, None), pattern=INJECTIVE, view=True, attrs={"axis": Int(0)},
+split_like = defop("split_like", num_inputs=(2, None), view=True, attrs={"axis": Int(0)},
                    infer=_split_like_infer,
                    doc="Split the first input along axis into parts as long as the other inputs are there.")
 
@@ -118,7 +118,7 @@ def _split_infer(types, axis, sizes, sections):
             for d in _split_sizes(t.shape[ax], sizes, sections)]
 
 
-split = defop("split", pattern=INJECTIVE, view=True, infer=_split_infer,
+split = defop("split", view=True, infer=_split_infer,
               num_outputs=lambda attrs, n: len(attrs["sizes"]) if attrs["sizes"] else attrs["sections"],
               attrs={"axis": Int(0), "sizes": Ints(None), "sections": Int(None)},
               doc="Split along axis into parts of the given sizes, or into `sections` equal parts.")
@@ -142,7 +142,7 @@ def _stack_infer(types, axis):
     return TensorType(shape, result_dtype(*[t.dtype for t in types]))
 
 
-stack = defop("stack", num_inputs=(1, None), pattern=INJECTIVE, attrs={"axis": Int(0)}, infer=_stack_infer)
+stack = defop("stack", num_inputs=(1, None), attrs={"axis": Int(0)}, infer=_stack_infer)
 
 
 @stack.kernel
@@ -174,7 +174,7 @@ def _tile_infer(types, reps):
     return TensorType(tuple(None if d is None else d * r for d, r in zip(shape, full_reps)), t.dtype)
 
 
-tile = defop("tile", pattern=INJECTIVE, attrs={"reps": Ints()}, infer=_tile_infer)
+tile = defop("tile", attrs={"reps": Ints()}, infer=_tile_infer)
 
 
 @tile.kernel

@@ -48,7 +48,7 @@ def _matmul_infer(types):
 
 # the kernel is xp.matmul itself (no Python layer: GEMMs sit in every loop body). A product of two
 # vectors comes back as a NumPy scalar, which every kernel accepts; programs return arrays.
-matmul = defop("matmul", num_inputs=2, pattern=OPAQUE, infer=_matmul_infer, ufunc="matmul",
+matmul = defop("matmul", num_inputs=2, pattern=OPAQUE, infer=_matmul_infer, ufunc="matmul", runs_gemm=True,
                doc="numpy.matmul: matrix product over the last two axes, batch axes broadcast, 1-D "
                    "operands promoted to a row (left) or column (right) and the axis removed again.")
 
@@ -92,7 +92,7 @@ def _gemm_infer(types, trans_a, trans_b, alpha, beta):
     return TensorType((m, n), result_dtype(*dtypes))
 
 
-gemm = defop("gemm", num_inputs=(2, 3), pattern=OPAQUE, infer=_gemm_infer, inplace=((2, 0),),
+gemm = defop("gemm", num_inputs=(2, 3), pattern=OPAQUE, infer=_gemm_infer, inplace=((2, 0),), runs_gemm=True,
              attrs={"trans_a": Bool(False), "trans_b": Bool(False), "alpha": Float(1.0), "beta": Float(1.0)},
              doc="BLAS gemm: alpha * op(a) @ op(b) + beta * c, op transposing where asked; c broadcasts. "
                  "A c of the result's shape may be overwritten by it.")

@@ -22,7 +22,7 @@ from . import reduce as red
 from . import shape as shp
 from .nn_norm import (  # noqa: F401  (re-exported: the nn family's normalization ops)
     ACROSS, WITHIN, batch_norm, batch_norm_grad, lrn, lrn_grad, lrn_window_sum)
-from .registry import INJECTIVE, OPAQUE, defop
+from .registry import OPAQUE, defop
 from .rules import assign_out as _assign, dims_agree as _dims_agree, normalize_axis, require_float
 
 
@@ -49,6 +49,7 @@ def _softmax_grad_infer(types, axis):
 
 
 softmax = defop("softmax", pattern=OPAQUE, infer=_softmax_infer, inplace=((0, 0),), attrs={"axis": Int(1)},
+                nonnegative=True,
                 doc="exp(x) / sum(exp(x)) along axis (default 1, the channel axis), shifted by the maximum.")
 
 
@@ -244,7 +245,7 @@ def _embedding_infer(types):
     return TensorType(indices.shape + weights.shape[1:], weights.dtype)
 
 
-embedding = defop("embedding", num_inputs=2, pattern=INJECTIVE, infer=_embedding_infer,
+embedding = defop("embedding", num_inputs=2, infer=_embedding_infer,
                   doc="embedding(indices, weights) = weights[indices]: rows of weights (vocabulary, ...) picked "
                       "by integer indices; the output has shape indices.shape + weights.shape[1:]. Negative "
                       "indices count from the end, as in NumPy.")

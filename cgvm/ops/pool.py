@@ -31,7 +31,7 @@ from ..ir.types import TensorType, int64
 from .kernels import pool_tiled as tiled
 from .kernels.pool_windows import (PoolGeometry, chunked_max_grad, lowest_value, pad_to_extent, scatter_windows,
                            separable_pool, store_into, window_argmax)
-from .registry import OPAQUE, REDUCE, defop
+from .registry import OPAQUE, defop
 from .rules import dims_agree, require_float
 
 # --------------------------------------------------------------------------- type rules
@@ -225,7 +225,7 @@ def _spatial_axes(ndim: int) -> Tuple[int, ...]:
     return tuple(range(2, ndim))
 
 
-global_avg_pool = defop("global_avg_pool", num_inputs=1, pattern=REDUCE, infer=_global_infer,
+global_avg_pool = defop("global_avg_pool", num_inputs=1, infer=_global_infer,
                         doc="Mean over all spatial axes, kept as size-1 axes: (N, C, s...) -> (N, C, 1...).")
 
 
@@ -257,7 +257,7 @@ def _(node, gg):
     return [global_avg_pool(gg), None]
 
 
-global_max_pool = defop("global_max_pool", num_inputs=1, pattern=REDUCE, infer=_global_infer,
+global_max_pool = defop("global_max_pool", num_inputs=1, infer=_global_infer,
                         doc="Max over all spatial axes, kept as size-1 axes: (N, C, s...) -> (N, C, 1...).")
 
 

@@ -15,7 +15,7 @@ from ..ir.graph import Value
 from ..ir.types import DType, TensorType, float64, int64
 from . import elementwise as ew
 from . import shape as shp
-from .registry import OPAQUE, REDUCE, defop
+from .registry import OPAQUE, defop, same_type_as_input
 from .rules import normalize_axes, normalize_axis, prod_dims, reduce_shape
 
 _AXIS_ATTRS = {"axis": Ints(None), "keepdims": Bool(False)}
@@ -76,7 +76,7 @@ def reduced_count(x: Value, axis: Optional[Sequence[int]], dtype: DType) -> Unio
 
 # --------------------------------------------------------------------------- sum, mean, prod
 
-sum = defop("sum", pattern=REDUCE, attrs=_AXIS_ATTRS, infer=_reduce_rule(accumulation_dtype))
+sum = defop("sum", attrs=_AXIS_ATTRS, infer=_reduce_rule(accumulation_dtype))
 
 
 @sum.kernel
@@ -97,7 +97,7 @@ def _(node, g):
     return [shp.broadcast_like(_keepdims_grad(node, g), node.inputs[0])]
 
 
-mean = defop("mean", pattern=REDUCE, attrs=_AXIS_ATTRS, infer=_reduce_rule(mean_dtype))
+mean = defop("mean", attrs=_AXIS_ATTRS, infer=_reduce_rule(mean_dtype))
 
 
 @mean.kernel
@@ -112,7 +112,7 @@ def _(node, g):
     return [ew.div(spread, reduced_count(x, node.attrs["axis"], g.dtype))]
 
 
-prod = defop("prod", pattern=REDUCE, attrs=_AXIS_ATTRS, infer=_reduce_rule(accumulation_dtype))
+prod = defop("prod", attrs=_AXIS_ATTRS, infer=_reduce_rule(accumulation_dtype))
 
 
 @prod.kernel
@@ -147,7 +147,7 @@ def _extreme_grad(node, g):
     return [ew.mul(_keepdims_grad(node, g), ew.div(hit, ties))]
 
 
-max = defop("max", pattern=REDUCE, attrs=_AXIS_ATTRS, infer=_reduce_rule(),
+max = defop("max", attrs=_AXIS_ATTRS, infer=_reduce_rule(),
             doc="Largest entry; the gradient goes to the largest entries, split equally among ties.")
 
 
@@ -158,7 +158,7 @@ def _(xp, x, *, axis, keepdims, out=None):
 
 max.grad(_extreme_grad)
 
-min = defop("min", pattern=REDUCE, attrs=_AXIS_ATTRS, infer=_reduce_rule(),
+min = defop("min", attrs=_AXIS_ATTRS, infer=_reduce_rule(),
             doc="Smallest entry; the gradient goes to the smallest entries, split equally among ties.")
 
 
@@ -191,11 +191,11 @@ def _arg_kernel(name: str):
     return kernel
 
 
-argmax = defop("argmax", pattern=REDUCE, differentiable=False, attrs={"axis": Int(None), "keepdims": Bool(False)},
+argmax = defop("argmax", differentiable=False, attrs={"axis": Int(None), "keepdims": Bool(False)},
                infer=_arg_infer, doc="Index (int64) of the first largest entry along axis; axis None: of x flattened.")
 argmax.kernel(_arg_kernel("argmax"))
 
-argmin = defop("argmin", pattern=REDUCE, differentiable=False, attrs={"axis": Int(None), "keepdims": Bool(False)},
+argmin = defop("argmin", differentiable=False, attrs={"axis": Int(None), "keepdims": Bool(False)},
                infer=_arg_infer, doc="Index (int64) of the first smallest entry along axis; axis None: of x flattened.")
 argmin.kernel(_arg_kernel("argmin"))
 
@@ -204,7 +204,7 @@ argmin.kernel(_arg_kernel("argmin"))
 
 _MOMENT_ATTRS = {"axis": Ints(None), "keepdims": Bool(False), "ddof": Int(0)}
 
-var = defop("var", pattern=REDUCE, attrs=_MOMENT_ATTRS, infer=_reduce_rule(mean_dtype),
+var = defop("var", attrs=_MOMENT_ATTRS, infer=_reduce_rule(mean_dtype),
             doc="Variance: mean squared deviation, divided by N - ddof.")
 
 
@@ -228,7 +228,7 @@ def _(node, g):
     return [ew.mul(ew.mul(_keepdims_grad(node, g), 2), _centered_over_dof(node, g.dtype))]
 
 
-std = defop("std", pattern=REDUCE, attrs=_MOMENT_ATTRS, infer=_reduce_rule(mean_dtype),
+std = defop("std", attrs=_MOMENT_ATTRS, infer=_reduce_rule(mean_dtype),
             doc="Standard deviation: sqrt(var(x, ddof)).")
 
 
@@ -243,7 +243,7 @@ def _(node, g):
     return [ew.mul(ew.div(_keepdims_grad(node, g), _keepdims_output(node)), _centered_over_dof(node, g.dtype))]
 
 
-logsumexp = defop("logsumexp", pattern=REDUCE, attrs=_AXIS_ATTRS, infer=_reduce_rule(mean_dtype),
+logsumexp = defop("logsumexp", attrs=_AXIS_ATTRS, infer=_reduce_rule(mean_dtype),
                   doc="log(sum(exp(x))), shifted by the maximum so that no exp overflows.")
 
 
@@ -330,8 +330,11 @@ def _sum_to_like_infer(types):
     return TensorType(x.shape, g.dtype)
 
 
-sum_to_like = defop("sum_to_like", num_inputs=2, pattern=REDUCE, infer=_sum_to_like_infer,
+sum_to_like = defop("sum_to_like", num_inputs=2, infer=_sum_to_like_infer, shape_only=(1,),
                     doc="Sum g over the axes along which x was broadcast to g's shape.")
+
+
+sum_to_like.identity_when(same_type_as_input)
 
 
 @sum_to_like.kernel

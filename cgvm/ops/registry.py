@@ -11,35 +11,55 @@
 An op whose kernel needs temporary memory declares how much (``@conv.scratch``, see
 cgvm.ops.kernels.scratch): the memory planner then places it like a value alive during the call.
 
+Every fact a compiler pass needs about an op is declared here too, so that a pass asks the op
+and never tests its name:
+
+    shape_only=(1,)        input positions read for their shape and dtype alone ("like" operands)
+    runs_gemm=True         the kernel runs a GEMM on its operands (loop passes align what it reads)
+    nonnegative=True       no result element is ever negative (simplify drops abs/relu of it); or a
+                           callable node -> bool where it depends on attributes
+    fill=0.0               the result holds this one value everywhere (zeros_like, ones_like)
+    activation="tanh"      the op is an activation a fused epilogue can apply (or a callable
+                           node -> name or None, for ops where it depends on attributes)
+    @op.identity_when      fn(in_types, out_type) -> whether the op returns input 0 unchanged
+    @op.lowering           fn(node) -> ufunc steps (cgvm.ops.ufunc_steps), or None: how the op
+                           runs inside a fused elementwise chain (ops with ``ufunc=`` need none)
+    @op.epilogue_into(F, bias_after=add)  fn(node, act) -> attributes of the fused op F that
+                           computes this op's result (+ the bias add) + activation ``act``, or None
+
 Calling an OpDef builds a node: ``relu(x, negative_slope=0.1)``.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ..ir.builder import apply
 from ..ir.opschema import OPS, OpSchema
 
-# Fusion patterns, from most to least fusible (as NNVM/TVM name them).
+# Fusion patterns (as NNVM/TVM name them): the ones a pass reads. Elementwise fusion, loop
+# push-out and transpose sinking take ELEMWISE and BROADCAST ops; everything else is OPAQUE.
 ELEMWISE = "elemwise"      # same shape in and out, element by element
 BROADCAST = "broadcast"    # element by element after broadcasting
-INJECTIVE = "injective"    # each output element reads one input element (reshape, transpose, slice)
-REDUCE = "reduce"
 OPAQUE = "opaque"
-
-#: (op, input position) pairs that read only the shape and dtype of that input ("like" operands):
-#: passes may hand such a reader any value of the same type, and need not compute one for it
-SHAPE_ONLY_INPUTS = {("sum_to_like", 1), ("reshape_like", 1), ("broadcast_like", 1), ("zeros_like", 0),
-                     ("ones_like", 0), ("full_like", 0), ("shape_of", 0), ("steps_like", 1),
-                     ("pad_steps_like", 1), ("place_first", 1)}
-
-#: ops whose kernels run a GEMM on their operands (loop passes materialize and align what they read)
-GEMM_OPS = frozenset({"matmul", "gemm_bias_act", "gemm"})
+# INJECTIVE and REDUCE were declared by ops but read by no pass: they now mean OPAQUE, and stay
+# importable for one release so that ops declared elsewhere keep working
+INJECTIVE = REDUCE = OPAQUE
 
 KernelFn = Callable[..., Any]
 GradFn = Callable[..., Sequence[Any]]
 ScratchFn = Callable[..., Union[int, Sequence[int]]]
+IdentityFn = Callable[[Sequence[Any], Any], bool]         # (input types, output type) -> bool
+LoweringFn = Callable[[Any], Optional[List[Tuple[str, tuple]]]]   # node -> ufunc steps or None
+EpilogueAttrsFn = Callable[[Any, str], Optional[Dict[str, Any]]]  # (node, activation) -> attrs or None
+
+
+class Epilogue(NamedTuple):
+    """How a fused op (``fused``) finishes this op's result: a bias added by op ``bias_after`` (if
+    set), then an activation."""
+    fused: "OpDef"
+    bias_after: Optional["OpDef"]
+    attrs: EpilogueAttrsFn
 
 
 class OpDef(OpSchema):
@@ -48,7 +68,9 @@ class OpDef(OpSchema):
     def __init__(self, name: str, *, pattern: str = OPAQUE, inplace: Tuple[Tuple[int, int], ...] = (),
                  view: bool = False, writes_out: Optional[bool] = None, differentiable: bool = True,
                  ufunc: Optional[str] = None, stateful: bool = False, needs_runtime: bool = False,
-                 multi_out: bool = False, **schema: Any):
+                 multi_out: bool = False, shape_only: Sequence[int] = (), runs_gemm: bool = False,
+                 nonnegative: Union[bool, Callable[[Any], bool]] = False, fill: Optional[float] = None,
+                 activation: Union[None, str, Callable[[Any], Optional[str]]] = None, **schema: Any):
         super().__init__(name, **schema)
         self.pattern = pattern
         self.inplace = tuple(inplace)
@@ -61,6 +83,14 @@ class OpDef(OpSchema):
         # several outputs, and the kernel takes ``out`` as a tuple (a buffer or None per output),
         # writing each given buffer whole: the planner plans each output
         self.multi_out = multi_out
+        self.shape_only = frozenset(shape_only)   # input positions read for shape and dtype only
+        self.runs_gemm = runs_gemm
+        self._nonnegative = nonnegative
+        self.fill = fill
+        self._activation = activation
+        self._identity_when: Optional[IdentityFn] = None
+        self._lowering: Optional[LoweringFn] = None
+        self.epilogue: Optional[Epilogue] = None   # set by @op.epilogue
         self._kernel: Optional[KernelFn] = None
         self._factory: Optional[Callable[..., KernelFn]] = None
         self._grad: Optional[GradFn] = None
@@ -93,6 +123,58 @@ class OpDef(OpSchema):
         """
         self._scratch = fn
         return fn
+
+    def identity_when(self, fn: IdentityFn) -> IdentityFn:
+        """``fn(in_types, out_type) -> bool``: for these concrete types the op returns input 0 as is
+        (per-signature specialization then aliases the result to it)."""
+        self._identity_when = fn
+        return fn
+
+    def lowering(self, fn: LoweringFn) -> LoweringFn:
+        """``fn(node) -> [(ufunc, operands), ...] | None``: the node as ufunc steps (cgvm.ops.ufunc_steps)
+        over its input positions. Only the first step may read inputs; later steps read ``ACC``."""
+        self._lowering = fn
+        return fn
+
+    def epilogue_into(self, fused: "OpDef", *, bias_after: Optional["OpDef"] = None
+                      ) -> Callable[[EpilogueAttrsFn], EpilogueAttrsFn]:
+        """``@master.epilogue_into(fused_op, bias_after=add)`` on ``fn(node, act) -> attrs | None``: the
+        fused op computes this op's result (plus the bias that op ``bias_after`` adds to it, where
+        given) and activation ``act`` in one kernel, from ``node``'s inputs (then the bias) and the
+        returned attributes; None where it cannot for this node."""
+        def deco(fn: EpilogueAttrsFn) -> EpilogueAttrsFn:
+            self.epilogue = Epilogue(fused, bias_after, fn)
+            return fn
+        return deco
+
+    # -- facts passes ask --------------------------------------------------------
+    def reads_only_shape(self, position: int) -> bool:
+        """Whether input ``position`` is read for its shape and dtype alone: passes may hand the op
+        any value of that type there, and need not compute one for it."""
+        return position in self.shape_only
+
+    def is_identity(self, in_types: Sequence[Any], out_type: Any) -> bool:
+        """Whether, for these concrete types, the op returns input 0 unchanged."""
+        return self._identity_when is not None and bool(self._identity_when(in_types, out_type))
+
+    def lower(self, node: Any) -> Optional[List[Tuple[str, tuple]]]:
+        """The node as ufunc steps for a fused chain (None: the op has no lowering here)."""
+        return None if self._lowering is None else self._lowering(node)
+
+    def is_nonnegative(self, node: Any) -> bool:
+        """Whether no element of ``node``'s result is ever negative."""
+        fact = self._nonnegative
+        return bool(fact(node) if callable(fact) else fact)
+
+    @property
+    def may_be_identity(self) -> bool:
+        """Whether the op has an ``identity_when`` rule at all (ask ``is_identity`` for given types)."""
+        return self._identity_when is not None
+
+    def activation_of(self, node: Any) -> Optional[str]:
+        """The activation name a fused epilogue applies for this node, or None if it is not one."""
+        act = self._activation
+        return act(node) if callable(act) else act
 
     # -- use ---------------------------------------------------------------------
     def scratch_bytes(self, in_types: Sequence[Any], attrs: Mapping[str, Any]) -> Tuple[int, ...]:
@@ -147,6 +229,11 @@ def subgraph_gradients(seeds: Mapping[Any, Any], wrt: Sequence[Any]) -> Dict[int
     return _gradient_builder(seeds, wrt)
 
 
+def same_type_as_input(in_types: Sequence[Any], out_type: Any) -> bool:
+    """An ``identity_when`` rule: the op returns input 0 unchanged when the result has its type."""
+    return in_types[0] == out_type
+
+
 def defop(name: str, **kwargs: Any) -> OpDef:
     """Declare an op; the registry refuses a second op of the same name."""
     return OpDef(name, **kwargs)
@@ -161,3 +248,13 @@ def lookup(name: str) -> OpDef:
 
 def all_ops() -> Dict[str, OpDef]:
     return {k: v for k, v in OPS.items() if isinstance(v, OpDef)}
+
+
+def __getattr__(name: str) -> Any:
+    """The tables this module had before the facts moved into the ops, derived from them (kept
+    for one release): SHAPE_ONLY_INPUTS {(op name, position)} and GEMM_OPS {op name}."""
+    if name == "SHAPE_ONLY_INPUTS":
+        return {(op.name, k) for op in all_ops().values() for k in op.shape_only}
+    if name == "GEMM_OPS":
+        return frozenset(op.name for op in all_ops().values() if op.runs_gemm)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

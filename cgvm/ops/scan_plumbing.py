@@ -8,7 +8,7 @@ them can be differentiated again.
 from __future__ import annotations
 
 from ..ir.types import TensorType
-from .registry import INJECTIVE, defop
+from .registry import defop
 
 
 def _shift_infer(types):
@@ -16,7 +16,7 @@ def _shift_infer(types):
     return stack
 
 
-shift_in = defop("shift_in", num_inputs=2, pattern=INJECTIVE, infer=_shift_infer,
+shift_in = defop("shift_in", num_inputs=2, infer=_shift_infer,
                  doc="concat(init[None], stack[:-1]): the carry each scan step started from.")
 
 
@@ -34,7 +34,7 @@ def _(node, g):
     return [first_of(g), shift_out(g)]
 
 
-first_of = defop("first_of", pattern=INJECTIVE, writes_out=False,
+first_of = defop("first_of", writes_out=False,
                  infer=lambda types: TensorType(types[0].shape[1:], types[0].dtype), doc="x[0]")
 
 
@@ -48,7 +48,7 @@ def _(node, g):
     return [place_first(g, node.inputs[0])]
 
 
-place_first = defop("place_first", num_inputs=2, pattern=INJECTIVE, writes_out=False,
+place_first = defop("place_first", num_inputs=2, writes_out=False, shape_only=(1,),
                     infer=lambda types: TensorType(types[1].shape, types[0].dtype),
                     doc="zeros shaped like the second input, with the first input at index 0")
 
@@ -65,7 +65,7 @@ def _(node, gg):
     return [first_of(gg), None]
 
 
-shift_out = defop("shift_out", pattern=INJECTIVE, infer=lambda types: types[0],
+shift_out = defop("shift_out", infer=lambda types: types[0],
                   doc="the adjoint of the stack part of shift_in: out[:-1] = g[1:], out[-1] = 0")
 
 
@@ -83,7 +83,7 @@ def _(node, gg):
     return [shift_back(gg)]
 
 
-shift_back = defop("shift_back", pattern=INJECTIVE, infer=lambda types: types[0],
+shift_back = defop("shift_back", infer=lambda types: types[0],
                    doc="out[1:] = g[:-1], out[0] = 0 (the adjoint of shift_out)")
 
 
@@ -101,7 +101,7 @@ def _(node, gg):
     return [shift_out(gg)]
 
 
-reverse = defop("reverse", pattern=INJECTIVE, infer=lambda types: types[0], doc="x reversed along axis 0")
+reverse = defop("reverse", infer=lambda types: types[0], doc="x reversed along axis 0")
 
 
 @reverse.kernel
@@ -121,7 +121,7 @@ def _pad_steps_infer(types):
     return TensorType(types[1].shape[:1] + types[0].shape[1:], types[0].dtype)
 
 
-pad_steps_like = defop("pad_steps_like", num_inputs=2, pattern=INJECTIVE, writes_out=False,
+pad_steps_like = defop("pad_steps_like", num_inputs=2, writes_out=False, shape_only=(1,),
                        infer=_pad_steps_infer, doc="g zero-padded at the end of axis 0 to the length of like")
 
 
@@ -139,7 +139,7 @@ def _(node, gg):
     return [steps_like(gg, node.inputs[0]), None]
 
 
-steps_like = defop("steps_like", num_inputs=2, pattern=INJECTIVE, view=True,
+steps_like = defop("steps_like", num_inputs=2, view=True, shape_only=(1,),
                    infer=lambda types: TensorType(types[1].shape[:1] + types[0].shape[1:], types[0].dtype),
                    doc="the first len(like) entries of x along axis 0")
 

@@ -19,7 +19,7 @@ from ..ir.attrs import AttrKind, DTypeAttr, Float, Int, Ints
 from ..ir.graph import Value
 from ..ir.types import TensorType, int64, shape_str
 from . import reduce as red
-from .registry import INJECTIVE, OPAQUE, defop
+from .registry import OPAQUE, defop, same_type_as_input
 from .rules import Dim, broadcast_shapes, normalize_axes, normalize_axis, prod_dims
 
 
@@ -70,7 +70,7 @@ def _expand_infer(types, axis):
     return TensorType(tuple(1 if i in axes else next(dims) for i in range(ndim)), t.dtype)
 
 
-expand_dims = defop("expand_dims", pattern=INJECTIVE, view=True, attrs={"axis": Ints()}, infer=_expand_infer)
+expand_dims = defop("expand_dims", view=True, attrs={"axis": Ints()}, infer=_expand_infer)
 
 
 @expand_dims.kernel
@@ -92,7 +92,7 @@ def _squeeze_infer(types, axis):
     return TensorType(tuple(d for i, d in enumerate(t.shape) if i not in axes), t.dtype)
 
 
-squeeze = defop("squeeze", pattern=INJECTIVE, view=True, attrs={"axis": Ints(None)}, infer=_squeeze_infer)
+squeeze = defop("squeeze", view=True, attrs={"axis": Ints(None)}, infer=_squeeze_infer)
 
 
 @squeeze.kernel
@@ -112,8 +112,12 @@ def _broadcast_like_infer(types):
     return TensorType(broadcast_shapes(x.shape, like.shape), x.dtype)
 
 
-broadcast_like = defop("broadcast_like", num_inputs=2, pattern=INJECTIVE, view=True, infer=_broadcast_like_infer,
+broadcast_like = defop("broadcast_like", num_inputs=2, view=True, infer=_broadcast_like_infer,
+                       shape_only=(1,),
                        doc="x broadcast to the shape of the second input (only its shape is read).")
+
+
+broadcast_like.identity_when(same_type_as_input)
 
 
 @broadcast_like.kernel
@@ -142,7 +146,7 @@ def _broadcast_to_infer(types, shape):
     return TensorType(shape, types[0].dtype)
 
 
-broadcast_to = defop("broadcast_to", pattern=INJECTIVE, view=True, attrs={"shape": Ints()},
+broadcast_to = defop("broadcast_to", view=True, attrs={"shape": Ints()},
                      infer=_broadcast_to_infer)
 
 
@@ -194,7 +198,7 @@ def resolve_reshape(in_shape: Sequence[Dim], target: Sequence[int]) -> Tuple[Dim
     return tuple(out)
 
 
-reshape = defop("reshape", pattern=INJECTIVE, view=True, attrs={"shape": Ints()},
+reshape = defop("reshape", view=True, attrs={"shape": Ints()},
                 infer=lambda types, shape: TensorType(resolve_reshape(types[0].shape, shape), types[0].dtype),
                 doc="Reshape to `shape`: 0 copies the input dimension at that position, -1 is inferred.")
 
@@ -223,7 +227,7 @@ def _reshape_dyn_infer(types):
     return TensorType((None,) * rank, x.dtype)
 
 
-reshape_dyn = defop("reshape_dyn", num_inputs=2, pattern=INJECTIVE, view=True, infer=_reshape_dyn_infer,
+reshape_dyn = defop("reshape_dyn", num_inputs=2, view=True, infer=_reshape_dyn_infer,
                     doc="Reshape to a shape read at run time from an integer vector (0 and -1 as in reshape).")
 
 
@@ -237,9 +241,12 @@ def _(node, g):
     return [reshape_like(g, node.inputs[0]), None]
 
 
-reshape_like = defop("reshape_like", num_inputs=2, pattern=INJECTIVE, view=True,
+reshape_like = defop("reshape_like", num_inputs=2, view=True, shape_only=(1,),
                      infer=lambda types: TensorType(types[1].shape, types[0].dtype),
                      doc="x reshaped to the shape of the second input (only its shape is read).")
+
+
+reshape_like.identity_when(same_type_as_input)
 
 
 @reshape_like.kernel
@@ -265,7 +272,7 @@ def _flatten_infer(types, axis, end_axis):
     return TensorType(t.shape[:start] + (prod_dims(t.shape[start:end + 1]),) + t.shape[end + 1:], t.dtype)
 
 
-flatten = defop("flatten", pattern=INJECTIVE, view=True, attrs={"axis": Int(1), "end_axis": Int(-1)},
+flatten = defop("flatten", view=True, attrs={"axis": Int(1), "end_axis": Int(-1)},
                 infer=_flatten_infer, doc="Caffe's Flatten: dimensions axis..end_axis (inclusive) become one.")
 
 
@@ -298,7 +305,7 @@ def _transpose_infer(types, perm):
     return TensorType(tuple(t.shape[p] for p in _transpose_perm(perm, t.ndim)), t.dtype)
 
 
-transpose = defop("transpose", pattern=INJECTIVE, view=True, attrs={"perm": Ints(None)}, infer=_transpose_infer,
+transpose = defop("transpose", view=True, attrs={"perm": Ints(None)}, infer=_transpose_infer,
                   doc="Permute axes (default: reverse them).")
 
 
@@ -316,7 +323,7 @@ def _(node, g):
     return [transpose(g, perm=tuple(int(i) for i in np.argsort(perm)))]
 
 
-contiguous = defop("contiguous", pattern=INJECTIVE, infer=lambda types: types[0],
+contiguous = defop("contiguous", infer=lambda types: types[0],
                    doc="A C-contiguous copy of x. Loop passes materialize a transposed matrix that a GEMM "
                        "reads on every step: OpenBLAS multiplied a 32x128 block by a transposed 128x128 "
                        "view in 20 us, by the same matrix contiguous in 8-12 us.")
@@ -343,7 +350,7 @@ def swap_last_axes(x: Value) -> Value:
 
 # --------------------------------------------------------------------------- shape_of and fills
 
-shape_of = defop("shape_of", pattern=OPAQUE, differentiable=False,
+shape_of = defop("shape_of", pattern=OPAQUE, differentiable=False, shape_only=(0,),
                  infer=lambda types: TensorType((types[0].ndim,), int64),
                  doc="The shape of x as an int64 vector.")
 
@@ -362,12 +369,12 @@ def _fill_like_infer(types, value=0.0, dtype=None):
     return t if dtype is None else t.with_dtype(dtype)
 
 
-zeros_like = defop("zeros_like", pattern=INJECTIVE, differentiable=False, infer=_fill_like_infer,
-                   attrs={"dtype": DTypeAttr(None)})
-ones_like = defop("ones_like", pattern=INJECTIVE, differentiable=False, infer=_fill_like_infer,
-                  attrs={"dtype": DTypeAttr(None)})
-full_like = defop("full_like", pattern=INJECTIVE, differentiable=False, infer=_fill_like_infer,
-                  attrs={"value": Float(), "dtype": DTypeAttr(None)})
+zeros_like = defop("zeros_like", differentiable=False, infer=_fill_like_infer,
+                   shape_only=(0,), fill=0.0, attrs={"dtype": DTypeAttr(None)})
+ones_like = defop("ones_like", differentiable=False, infer=_fill_like_infer,
+                  shape_only=(0,), fill=1.0, attrs={"dtype": DTypeAttr(None)})
+full_like = defop("full_like", differentiable=False, infer=_fill_like_infer,
+                  shape_only=(0,), attrs={"value": Float(), "dtype": DTypeAttr(None)})
 
 
 def _filler(fill):

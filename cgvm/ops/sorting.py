@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..ir.attrs import Int
 from ..ir.types import TensorType, int64
 from . import indexing as ix
-from .registry import INJECTIVE, OPAQUE, defop
+from .registry import OPAQUE, defop
 from .rules import normalize_axis
 
 
@@ -65,7 +65,7 @@ def _along_infer(types, axis):
     return TensorType(idx.shape, x.dtype)
 
 
-take_along_axis = defop("take_along_axis", num_inputs=2, pattern=INJECTIVE, attrs={"axis": Int(-1)},
+take_along_axis = defop("take_along_axis", num_inputs=2, attrs={"axis": Int(-1)},
                         infer=_along_infer, doc="numpy.take_along_axis(x, indices, axis)")
 
 
