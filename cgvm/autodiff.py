@@ -54,9 +54,7 @@ def grad_map(costs: Mapping[Value, Optional[Value]], wrt: Sequence[Value], *,
         parts = pending.pop(id(v), None)
         if not parts:
             return None
-        acc = parts[0]
-        for p in parts[1:]:
-            acc = ew.add(acc, p)
+        acc = ew.add_n(parts)
         result[id(v)] = acc
         return acc
 

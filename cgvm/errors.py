@@ -1,6 +1,26 @@
 """Exceptions cgvm raises for user mistakes; each names where the user wrote the offending thing."""
 from __future__ import annotations
 
+from typing import Optional
+
+
+def at_source(source: Optional[str]) -> str:
+    """`` (at SOURCE)`` for where the user wrote something, or nothing when that is unknown."""
+    return f" (at {source})" if source else ""
+
+
+def where(*, pc: Optional[int] = None, instr: Optional[str] = None, name: Optional[str] = None,
+          op: Optional[str] = None, source: Optional[str] = None) -> str:
+    """The one format of "where" in cgvm's messages: ``pc 3: <instruction>, node 'fc1' op matmul
+    (at net.prototxt:12 (layer fc1))``; each part only when known."""
+    parts = []
+    if pc is not None:
+        parts.append(f"pc {pc}: {instr}" if instr else f"pc {pc}")
+    named = " ".join(([f"node {name!r}"] if name else []) + ([f"op {op}"] if op else []))
+    if named:
+        parts.append(named)
+    return ", ".join(parts) + at_source(source)
+
 
 class CgvmError(Exception):
     """Base of every error cgvm raises on purpose."""

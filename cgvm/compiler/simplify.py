@@ -42,9 +42,11 @@ from ..ops import shape as shp
 from ..ops.rules import normalize_axes, normalize_axis
 from .fold_conv import fold_batch_norm, fold_channel_op
 from .patterns import CUT, build, made, producer
-from .rewrite import rewrite
+from .rewrite import Rule, rewrite
 
-Rule = Callable[[Node, Sequence[Value]], Optional[Value]]
+# a local simplification: (node, new inputs) -> the one value replacing the node's only output, or
+# None; ``_guarded`` turns a table of them into one rewrite Rule (cgvm.compiler.rewrite.Rule)
+Simplification = Callable[[Node, Sequence[Value]], Optional[Value]]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -267,7 +269,7 @@ def _categorical_crossentropy(node, inputs):
 
 # --------------------------------------------------------------------------- the local walk
 
-LOCAL_RULES: Dict[str, Rule] = {
+LOCAL_RULES: Dict[str, Simplification] = {
     "mul": _mul, "add": _add, "sub": _sub, "div": _div, "neg": _neg, "exp": _exp, "log": _log,
     "transpose": _transpose, "reshape": _reshape, "cast": _cast,
     "flatten": _shape_view, "reshape_like": _shape_view, "broadcast_to": _shape_view,
@@ -277,7 +279,7 @@ LOCAL_RULES: Dict[str, Rule] = {
 }
 
 
-def _guarded(graph: Graph, rules: Dict[str, Rule], on_replace=None) -> Callable:
+def _guarded(graph: Graph, rules: Dict[str, Simplification], on_replace=None) -> Rule:
     """The rewrite rule dispatching on op name; graph outputs never become leaves."""
     outputs = {id(v) for v in graph.outputs}
 

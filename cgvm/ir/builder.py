@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..errors import GraphBuildError, ShapeError
+from ..errors import GraphBuildError, ShapeError, at_source
 from .graph import CONST, Node, Value, const_value, current_source
 from .types import float32
 
@@ -48,7 +48,7 @@ def apply(op: Any, inputs: Sequence[Any], attrs: Optional[Mapping[str, Any]] = N
     if like is None:
         like = next((v for v in inputs if isinstance(v, Value)), None)
     vals = [as_value(x, like) for x in inputs]
-    where = f" (at {src})" if src else ""
+    where = at_source(src)
     try:
         op.check_arity(len(vals))
         checked = op.check_attrs(attrs or {})

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 
 import numpy as np
 
-from ..errors import MissingInputError, VerifyError
+from ..errors import MissingInputError, VerifyError, where
 from .types import DType, TensorType
 
 _ids = itertools.count()
@@ -97,12 +97,8 @@ class Node:
         self.id = next(_ids)
 
     def where(self) -> str:
-        bits = []
-        if self.name:
-            bits.append(f"node {self.name!r}")
-        bits.append(f"op {self.op.name}")
-        text = " ".join(bits)
-        return f"{text} (at {self.source})" if self.source else text
+        """``node 'name' op NAME (at SOURCE)`` (cgvm.errors.where)."""
+        return where(name=self.name, op=self.op.name, source=self.source)
 
     def __repr__(self) -> str:
         return f"<Node {self.op.name} {self.name or ''} #{self.id}>"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -83,6 +83,17 @@ add = _binary("add", "add")
 def _(node, g):
     a, b = node.inputs
     return [_unbroadcast(g, a), _unbroadcast(g, b)]
+
+
+def add_n(terms: Sequence[Any]) -> Optional[Any]:
+    """The sum of ``terms`` left to right, ``((t0 + t1) + t2) + ...`` (None for no terms; None terms
+    are skipped): the one place frontends, solvers and autodiff total a list of values. It builds
+    ``add`` nodes, so fusion and simplification see an ordinary chain of adds."""
+    total = None
+    for term in terms:
+        if term is not None:
+            total = term if total is None else add(total, term)
+    return total
 
 
 sub = _binary("sub", "subtract")

@@ -35,7 +35,7 @@ import functools
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ..ir.builder import apply
-from ..ir.opschema import OPS, OpSchema
+from ..ir.opschema import OPS, OpSchema, get_op
 
 # Fusion patterns (as NNVM/TVM name them): the ones a pass reads. Elementwise fusion, loop
 # push-out and transpose sinking take ELEMWISE and BROADCAST ops; everything else is OPAQUE.
@@ -239,11 +239,8 @@ def defop(name: str, **kwargs: Any) -> OpDef:
     return OpDef(name, **kwargs)
 
 
-def lookup(name: str) -> OpDef:
-    op = OPS.get(name)
-    if op is None:
-        raise KeyError(f"unknown op {name!r}")
-    return op  # type: ignore[return-value]
+#: the op named ``name`` (KeyError if none): the IR's one op table, read the one way
+lookup = get_op
 
 
 def all_ops() -> Dict[str, OpDef]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional, Sequence, Tuple
 
 from ..errors import DTypeError, ShapeError
-from ..ir.types import DType, TensorType, bool_, float32, result_dtype
+from ..ir.types import TensorType, result_dtype
 
 Dim = Optional[int]
 
@@ -51,23 +51,8 @@ def same_as_input(types: Sequence[TensorType], **_: object) -> TensorType:
     return types[0]
 
 
-def float_like(types: Sequence[TensorType], **_: object) -> TensorType:
-    """Same shape; integer inputs give float32 (exp, log, sqrt ... of ints)."""
-    t = types[0]
-    return t if t.dtype.is_float else t.with_dtype(float32)
-
-
 def broadcast_infer(types: Sequence[TensorType], **_: object) -> TensorType:
     return TensorType(broadcast_shapes(*[t.shape for t in types]), result_dtype(*[t.dtype for t in types]))
-
-
-def broadcast_float(types: Sequence[TensorType], **_: object) -> TensorType:
-    t = broadcast_infer(types)
-    return t if t.dtype.is_float else t.with_dtype(DType("float64"))
-
-
-def broadcast_bool(types: Sequence[TensorType], **_: object) -> TensorType:
-    return TensorType(broadcast_shapes(*[t.shape for t in types]), bool_)
 
 
 def require_float(t: TensorType, what: str) -> None:

@@ -13,6 +13,8 @@ from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import where
+
 CALL, FREE, RET = "CALL", "FREE", "RET"
 
 
@@ -48,14 +50,12 @@ class Program:
         return sum(1 for i in self.instrs if i.opcode == CALL)
 
     def where(self, pc: int) -> str:
-        """The instruction at ``pc``, disassembled, with its node's source."""
+        """The instruction at ``pc``, disassembled, with its node and source (cgvm.errors.where)."""
         ins = self.instrs[pc]
-        text = f"pc {pc}: {format_instr(self, ins)}"
-        if ins.opcode == CALL:
-            node = self.nodes[ins.node]
-            if node.source:
-                text += f"\n  written at {node.source}"
-        return text
+        if ins.opcode != CALL:
+            return where(pc=pc, instr=format_instr(self, ins))
+        node = self.nodes[ins.node]
+        return where(pc=pc, instr=format_instr(self, ins), name=node.name, op=node.op.name, source=node.source)
 
     def __repr__(self) -> str:
         return f"<Program {self.name}: {len(self.instrs)} instrs, {self.n_slots} slots>"

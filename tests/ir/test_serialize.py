@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
@@ -473,6 +474,30 @@ def covered_ops() -> frozenset:
         except (Exception, pytest.skip.Exception):  # counted as not covered; the test itself reports why
             continue
     return frozenset(names)
+
+
+def _ops_cgvm_registers() -> frozenset:
+    """The ops a fresh ``import cgvm`` registers (not the ones tests declare for themselves)."""
+    code = "import cgvm\nfrom cgvm.ops import all_ops\nprint(' '.join(sorted(all_ops())))"
+    env = dict(os.environ, PYTHONPATH=str(TESTS_DIR.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", code], cwd=TESTS_DIR.parent, env=env, capture_output=True,
+                          text=True, timeout=300, check=True)
+    return frozenset(done.stdout.split())
+
+
+def test_every_op_cgvm_registers_has_a_case_in_an_op_table():
+    """Each op is built by the forward or gradient graph of some Case in tests/ops/test_*.py, so its
+    kernel is checked against NumPy (and its gradient numerically) rather than only round-tripped."""
+    in_cases: set = set()
+    for h in harvested_cases():
+        makers = [case_graph] + ([case_gradient_graph] if getattr(h.case, "grad", False) else [])
+        for make in makers:
+            try:
+                in_cases.update(_ops_in(make(h.case).graph))
+            except Exception:  # noqa: BLE001  (a case that does not build is reported by its own test)
+                continue
+    missing = sorted(_ops_cgvm_registers() - in_cases)
+    assert not missing, f"ops in no Case of tests/ops (add one to a CASES table): {missing}"
 
 
 GENERIC_SHAPES = [(2, 3), (2, 3, 4, 5), (6,), ()]

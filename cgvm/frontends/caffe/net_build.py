@@ -239,14 +239,13 @@ def build_range(net: "Net", lo: int, hi: int, given: Optional[Dict[str, Value]] 
 
 def range_loss(layers: Sequence[LayerInfo], build: RangeBuild) -> Optional[Value]:
     """The build's total loss: sum of loss_weight * sum(top) over weighted tops; None without any."""
-    total = None
+    terms = []
     for i, t, value in build.versions:
         weight = layers[i].loss_weights[t]
         if weight:
             term = red.sum(value) if value.ndim else value
-            term = term if weight == 1.0 else ew.mul(term, float(weight))
-            total = term if total is None else ew.add(total, term)
-    return total
+            terms.append(term if weight == 1.0 else ew.mul(term, float(weight)))
+    return ew.add_n(terms)
 
 
 def _with_where(message: str, where: str) -> str:

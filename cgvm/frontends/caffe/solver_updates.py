@@ -132,11 +132,7 @@ def build_updates(kind: str, param: caffe_pb2.SolverParameter, blobs: Sequence[L
 
 def _clip(grads: List[Value], clip: float) -> List[Value]:
     """Scale every gradient by clip / ||all gradients||_2 when that norm exceeds ``clip``."""
-    total = None
-    for g in grads:
-        term = red.sum(ew.square(g))
-        total = term if total is None else ew.add(total, term)
-    norm = ew.sqrt(total)
+    norm = ew.sqrt(ew.add_n([red.sum(ew.square(g)) for g in grads]))
     scale = ew.where(ew.gt(norm, clip), ew.div(clip, norm), 1.0)
     return [ew.mul(g, scale) for g in grads]
 

@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 
 from ...backend import host_array
-from ...ir.graph import PARAM, Value, param_value
+from ...ir.graph import Value, param_value
 from ...ir.types import DType, TensorType
 from ...ops import elementwise as ew
 from ...ops import linalg
@@ -340,10 +340,6 @@ def inside_call() -> Iterator[None]:
 
 def recording() -> bool:
     return _call_depth.get() == 0
-
-
-def param_kind(v: Value) -> bool:
-    return v.kind == PARAM
 
 
 def flatten(structure: Any) -> List[Any]:

@@ -105,7 +105,7 @@ class TrainingMixin:
         weights = _per_output(self.loss_weights, names, "loss_weights", 1.0) if self.loss_weights is not None \
             else [1.0] * len(names)
         per_output: List[Optional[Value]] = []
-        total: Optional[Value] = None
+        terms: List[Value] = []
         masks = masks or [None] * len(outs)
         for out, y, sw, fn, w, mask in zip(outs, ys, sws, loss_fns, weights, masks):
             if fn is None:
@@ -116,8 +116,8 @@ class TrainingMixin:
             else:
                 value = losses_mod.reduce_loss(fn(y, out), sw, mask=mask)
             per_output.append(value)
-            term = value if w in (None, 1.0) else ew.mul(value, float(w))
-            total = term if total is None else ew.add(total, term)
+            terms.append(value if w in (None, 1.0) else ew.mul(value, float(w)))
+        total = ew.add_n(terms)
         if total is None:
             raise GraphBuildError(f"model {self.name!r}: no output has a loss")
         return total, per_output, loss_fns
@@ -139,12 +139,8 @@ class TrainingMixin:
         return labels, values
 
     def _regularization(self) -> Optional[Value]:
-        total = None
-        for w in self.trainable_weights:
-            if w.regularizer is not None:
-                term = K.to_value(w.regularizer(w.value))
-                total = term if total is None else ew.add(total, term)
-        return total
+        return ew.add_n([K.to_value(w.regularizer(w.value)) for w in self.trainable_weights
+                         if w.regularizer is not None])
 
     def _make_function(self, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray], train: bool):
         in_types = self.input_types(xs)

@@ -57,10 +57,6 @@ def softsign(x: Any) -> TensorVariable:
     return B.true_div(x, B.add(B.abs(x), 1))
 
 
-def _last_axis(x: Value) -> int:
-    return max(x.ndim - 1, 0)
-
-
 def softmax(c: Any, axis: Optional[int] = -1) -> TensorVariable:
     """Row-wise softmax (over the last axis; ``axis`` as in PyTensor's ``softmax(x, axis)``)."""
     v = as_tensor_variable(c).value

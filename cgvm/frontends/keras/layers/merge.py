@@ -37,7 +37,7 @@ class _Merge(Layer):
 @registry.register()
 class Add(_Merge):
     def merge(self, xs):
-        return reduce(ew.add, xs)
+        return ew.add_n(xs)
 
 
 @registry.register()
@@ -60,7 +60,7 @@ class Multiply(_Merge):
 @registry.register()
 class Average(_Merge):
     def merge(self, xs):
-        return ew.div(reduce(ew.add, xs), float(len(xs)))
+        return ew.div(ew.add_n(xs), float(len(xs)))
 
 
 @registry.register()
