@@ -25,9 +25,25 @@ def load_graph_file(path: str, args: argparse.Namespace):
     return load_graph(path)
 
 
+def _pass_list(text: str) -> List[str]:
+    """``--print-after``'s value: known pass names (or all), comma-separated."""
+    from .compiler.passes import print_after_names
+
+    names = [s for s in text.split(",") if s]
+    try:
+        print_after_names(names)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("--print-after: ", "")) from None
+    return names
+
+
 def _compile_args(p: argparse.ArgumentParser) -> None:
+    from .compiler import pass_names
+
     p.add_argument("model", help="a serialized graph (.cgvm) or a Caffe .prototxt")
-    p.add_argument("--print-after", default="", help="comma-separated pass names, or 'all'")
+    p.add_argument("--print-after", default=[], type=_pass_list, metavar="PASS[,PASS...]",
+                   help="print the IR after these passes (whole after the first, then only what each "
+                        f"changed): {', '.join(pass_names())}, or all")
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
     p.add_argument("--debug", action="store_true", help="verify the IR after every pass")
 
@@ -37,7 +53,7 @@ def _compile(args: argparse.Namespace) -> int:
     from .compiler import generate, run_passes
 
     graph = load_graph_file(args.model, args)
-    shown = [s for s in args.print_after.split(",") if s]
+    shown = args.print_after
     out = run_passes(graph, debug=args.debug, print_after=shown)
     if not shown:
         print(out)

@@ -9,14 +9,12 @@ and written to the Workspace after all outputs.
 from __future__ import annotations
 
 import builtins
-import functools
 import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .compiler import generate, infer_slot_types, plan_memory, run_passes
-from .compiler.specialize import specialize
+from .compiler import generate, prepare_signature, run_passes
 from .compiler.recompute import optimize_and_recompute
 from .errors import InputError
 from .ops.kernels.scratch import REFS_HELD_ONCE, writeable
@@ -38,8 +36,16 @@ class SubgraphRuntime:
         self.workspace = workspace
         self.engine = engine
         self.debug = debug
-        self.planner = (lambda prog, types: plan_memory(prog, types, inplace=inplace)) if plan else None
+        self.plan, self.inplace = plan, inplace
         self._cache: Dict[int, Any] = {}
+
+    def stages(self, copied_outputs: Sequence[int] = ()):
+        """The per-signature stages for a program of this runtime: ``(program, known) -> (program, types, plan)``."""
+        def prepare(program, known):
+            sig = prepare_signature(program, known, plan=self.plan, inplace=self.inplace,
+                                    copied_outputs=copied_outputs)
+            return sig.program, sig.types, sig.plan
+        return prepare
 
     def compile(self, graph: Graph, copied_outputs: Sequence[int] = ()):
         """A runner for ``graph``. ``copied_outputs``: positions of outputs the caller copies as
@@ -49,9 +55,8 @@ class SubgraphRuntime:
         if hit is not None and hit[0] is graph:
             return hit[1]
         program = generate(run_passes(graph, debug=self.debug))
-        exe = Executable(program, self.workspace, planner=self.planner, infer=infer_slot_types,
-                         specialize=functools.partial(specialize, copied_outputs=tuple(copied_outputs)),
-                         runtime=self, engine=self.engine)
+        exe = Executable(program, self.workspace, prepare=self.stages(tuple(copied_outputs)), runtime=self,
+                         engine=self.engine)
         self._cache[key] = (graph, exe)
         return exe
 
@@ -95,8 +100,8 @@ class Function:
         self.program = generate(self.graph)
         self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
         recyclable = range(self.n_outputs, self.n_outputs + len(self.update_names))
-        self.executable = Executable(self.program, self.workspace, planner=self.runtime.planner, recyclable=recyclable,
-                                     infer=infer_slot_types, specialize=specialize, runtime=self.runtime, engine=engine)
+        self.executable = Executable(self.program, self.workspace, prepare=self.runtime.stages(), recyclable=recyclable,
+                                     runtime=self.runtime, engine=engine)
         self._asarray = self.workspace.backend.asarray
         self._array_type = self.workspace.backend.xp.ndarray
         self._in_dtypes = [v.dtype.np for v in graph.inputs]

@@ -30,10 +30,9 @@ from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..vm.bytecode import CALL, FREE, Program
 from .codegen import generate
-from .memory import MemoryPlan, infer_slot_types, plan_memory
-from .passes import run_passes
+from .memory import MemoryPlan
+from .passes import prepare_signature, run_passes
 from .recompute import optimize_and_recompute
-from .specialize import specialize
 
 Shapes = Union[None, Mapping[str, Sequence[int]], Sequence[Sequence[int]]]
 
@@ -106,10 +105,8 @@ def _report(program: Program, graph: Graph, shapes: Shapes, params: Mapping[str,
         known[s] = TensorType(tuple(shape), v.dtype)
     for name, s in program.param_slots:
         known[s] = params[name]
-    types = infer_slot_types(program, known)
-    program = specialize(program, types)      # what the VM runs for this signature
-    mplan = plan_memory(program, types, inplace=inplace) if plan else None
-    return simulate(program, types, mplan)
+    sig = prepare_signature(program, known, plan=plan, inplace=inplace)   # what the VM runs for this signature
+    return simulate(sig.program, sig.types, sig.plan)
 
 
 def _input_shape(shapes: Shapes, i: int, name: Optional[str], default: Sequence[Any]) -> Optional[Sequence[Any]]:

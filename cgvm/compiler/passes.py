@@ -1,14 +1,25 @@
-"""The pass pipeline. The list PIPELINE is the documentation of what compiling does, in order.
+"""The pipeline, declared: what compiling does, in order, as two lists of the same Pass records.
 
-Each pass is ``Graph -> Graph`` and declares what it needs; in debug mode the verifier runs
-after every pass, and ``print_after`` shows the IR after the named passes.
+* PIPELINE: the graph passes, each ``Graph -> Graph``, run once per compiled function.
+* SIGNATURE_STAGES: the stages run once per input signature (the shapes a call brings), each
+  ``Signature -> Signature``: slot types, specialization, memory planning.
+
+Each pass declares the passes it ``needs``; one runner runs both lists, and a selection of
+passes also runs every pass the selected ones need (as TVM's pass manager does with
+``required``), so no pass ever sees a graph its needs have not prepared.
+In debug mode the verifier runs after every graph pass, and ``print_after`` shows the IR after
+the named passes: in full after the first one shown, then only the lines each pass wrote.
 """
 from __future__ import annotations
 
+import difflib
 import sys
-from typing import Callable, Iterable, List, NamedTuple, Optional, Sequence, TextIO
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, TextIO, Tuple
 
 from ..ir.graph import Graph, verify
+from ..ir.types import TensorType
+from ..vm.bytecode import Program
 from .accumulate import fuse_accumulations
 from .cse import eliminate_common_subexpressions
 from .fold import fold_constants
@@ -16,15 +27,18 @@ from .fuse import fuse_elementwise, fuse_epilogues
 from .layout import sink_transposes
 from .loop_pushout import push_out_loop_work
 from .loops import hoist_loop_invariants, prune_loop_outputs
+from .memory import MemoryPlan, infer_slot_types, plan_memory
 from .prune import prune
 from .schedule import schedule_for_memory
 from .simplify import simplify
+from .specialize import specialize
 
 
 class Pass(NamedTuple):
+    """One step of a pipeline: ``run(subject) -> subject`` (a Graph, or a Signature)."""
     name: str
-    run: Callable[[Graph], Graph]
-    needs: tuple = ()
+    run: Callable[[Any], Any]
+    needs: tuple = ()     # passes that must run before this one (in the same list)
     doc: str = ""
 
 
@@ -50,32 +64,145 @@ PIPELINE: List[Pass] = [
 ]
 
 
+@dataclass
+class Signature:
+    """What the per-signature stages work on: the program, the types the call brings (input and
+    parameter slots), and what the stages add (every slot's type, the memory plan)."""
+    program: Program
+    known: Dict[int, TensorType]
+    types: Optional[List[TensorType]] = None
+    plan: Optional[MemoryPlan] = None
+    copied_outputs: Tuple[int, ...] = ()   # outputs the caller copies at once (see specialize)
+    inplace: bool = True                   # let the planner update inputs in place
+
+
+def _slot_types(sig: Signature) -> Signature:
+    return replace(sig, types=infer_slot_types(sig.program, sig.known))
+
+
+def _specialize(sig: Signature) -> Signature:
+    return replace(sig, program=specialize(sig.program, sig.types, copied_outputs=sig.copied_outputs))
+
+
+def _plan_memory(sig: Signature) -> Signature:
+    return replace(sig, plan=plan_memory(sig.program, sig.types, inplace=sig.inplace))
+
+
+SIGNATURE_STAGES: List[Pass] = [
+    Pass("slot_types", _slot_types, (), "the type of every slot, from the shapes of the inputs and parameters"),
+    Pass("specialize", _specialize, ("slot_types",), "shape adapters that are identities for these types "
+                                                     "aliased away; instructions nobody reads dropped"),
+    Pass("plan_memory", _plan_memory, ("slot_types",), "buffers and their reuse, in-place updates and kernel "
+                                                       "scratch for this signature"),
+]
+
+
+def _check_declared(pipeline: Sequence[Pass]) -> None:
+    """Every need names a pass earlier in the same list (checked once, at import)."""
+    seen: set = set()
+    for p in pipeline:
+        late = [n for n in p.needs if n not in seen]
+        if late:
+            raise AssertionError(f"pass {p.name!r} needs {late}, which is not an earlier pass of its list")
+        seen.add(p.name)
+
+
+_check_declared(PIPELINE)
+_check_declared(SIGNATURE_STAGES)
+
+
 def pass_names() -> List[str]:
     return [p.name for p in PIPELINE]
 
 
+def stage_names() -> List[str]:
+    return [p.name for p in SIGNATURE_STAGES]
+
+
+def select(pipeline: Sequence[Pass], names: Optional[Iterable[str]]) -> List[Pass]:
+    """The passes of ``pipeline`` named in ``names`` (all for None) and, as TVM's pass manager does
+    with ``required``, every pass they need, transitively; in pipeline order. ValueError for a name
+    the pipeline lacks."""
+    known = {p.name: p for p in pipeline}
+    wanted = set(known if names is None else names)
+    unknown = wanted - set(known)
+    if unknown:
+        raise ValueError(f"unknown pass {sorted(unknown)[0]!r}; passes are {list(known)}")
+    todo = list(wanted)
+    while todo:
+        for need in known[todo.pop()].needs:
+            if need not in wanted:
+                wanted.add(need)
+                todo.append(need)
+    return [p for p in pipeline if p.name in wanted]
+
+
+def run_pipeline(subject: Any, pipeline: Sequence[Pass], names: Optional[Iterable[str]] = None,
+                 after: Optional[Callable[[Pass, Any], None]] = None) -> Any:
+    """Run the selected passes of ``pipeline`` on ``subject`` in order; ``after(pass, result)`` follows each."""
+    for p in select(pipeline, names):
+        subject = p.run(subject)
+        if after is not None:
+            after(p, subject)
+    return subject
+
+
+def print_after_names(names: Iterable[str]) -> set:
+    """The graph passes to print after: known names or "all"; ValueError for any other name."""
+    shown = set(names)
+    if "all" in shown:
+        return set(pass_names())
+    unknown = shown - set(pass_names())
+    if unknown:
+        raise ValueError(f"--print-after: unknown pass {sorted(unknown)[0]!r}; passes are "
+                         f"{', '.join(pass_names())} (or all)")
+    return shown
+
+
+class _Printer:
+    """Prints the IR after the chosen passes: whole after the first, then what each pass changed."""
+
+    def __init__(self, show: set, out: TextIO):
+        self.show, self.out, self.last = show, out, None
+
+    def __call__(self, p: Pass, graph: Graph) -> None:
+        if p.name not in self.show:
+            return
+        text = str(graph)
+        if self.last is None:
+            print(f"// after {p.name}", file=self.out)
+            print(text, file=self.out)
+        elif text == self.last:
+            print(f"// after {p.name}: no change", file=self.out)
+        else:   # the lines the pass wrote, and how many it took away
+            diff = [d for d in difflib.ndiff(self.last.splitlines(), text.splitlines()) if d[:1] in "+-"]
+            added = [d[2:] for d in diff if d[0] == "+"]
+            print(f"// after {p.name}: {len(diff) - len(added)} lines removed, {len(added)} written:", file=self.out)
+            for line in added:
+                print(line, file=self.out)
+        self.last = text
+
+
 def run_passes(graph: Graph, *, passes: Optional[Sequence[str]] = None, debug: bool = False,
                print_after: Iterable[str] = (), out: Optional[TextIO] = None) -> Graph:
-    """Run the pipeline (or the named subset, in pipeline order)."""
-    wanted = set(pass_names() if passes is None else passes)
-    unknown = wanted - set(pass_names())
-    if unknown:
-        raise ValueError(f"unknown pass {sorted(unknown)[0]!r}; passes are {pass_names()}")
-    out = sys.stdout if out is None else out
-    show = set(print_after)
-    if "all" in show:
-        show = set(pass_names())
-    done: set = set()
+    """Run the graph pipeline (or the named subset, in pipeline order)."""
+    printer = _Printer(print_after_names(print_after), sys.stdout if out is None else out)
     if debug:
         verify(graph)
-    for p in PIPELINE:
-        if p.name not in wanted:
-            continue
-        graph = p.run(graph)
-        done.add(p.name)
+
+    def after(p: Pass, g: Graph) -> None:
         if debug:
-            verify(graph)
-        if p.name in show:
-            print(f"// after {p.name}", file=out)
-            print(graph, file=out)
-    return graph
+            verify(g)
+        printer(p, g)
+
+    return run_pipeline(graph, PIPELINE, passes, after)
+
+
+def prepare_signature(program: Program, known: Dict[int, TensorType], *, plan: bool = True, inplace: bool = True,
+                      copied_outputs: Sequence[int] = (), stages: Optional[Sequence[str]] = None) -> Signature:
+    """Run the per-signature stages (all, or the named ones; ``plan=False`` leaves out planning)."""
+    names = stage_names() if stages is None else list(stages)
+    if not plan:
+        names = [n for n in names if n != "plan_memory"]
+    sig = Signature(program, dict(known), copied_outputs=tuple(copied_outputs), inplace=inplace)
+    return run_pipeline(sig, SIGNATURE_STAGES, names)

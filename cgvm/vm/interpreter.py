@@ -10,7 +10,7 @@ instruction re-raises with the program counter, its disassembly and the node's s
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..backend.threads import ensure_configured
 from ..errors import CgvmError, ExecutionError, InputError
@@ -23,7 +23,8 @@ from .workspace import Workspace
 # lowered instruction kinds of the loop interpreter
 _FREE, _U, _B, _UO, _BO, _N = 0, 1, 2, 3, 4, 5
 
-Planner = Callable[[Program, Sequence[TensorType]], Any]
+# (program, known slot types) -> (program for this signature, slot types, memory plan or None)
+Prepare = Callable[[Program, Dict[int, TensorType]], Tuple[Program, List[TensorType], Any]]
 ENGINES = ("threaded", "loop")
 
 
@@ -48,9 +49,8 @@ class Frame:
 class Executable:
     """A Program loaded for one backend and workspace. ``run(args)`` returns the list of outputs."""
 
-    def __init__(self, program: Program, workspace: Workspace, *, planner: Optional[Planner] = None,
-                 infer: Optional[Callable] = None, specialize: Optional[Callable] = None, runtime: Any = None,
-                 engine: str = "threaded", recyclable: Sequence[int] = ()):
+    def __init__(self, program: Program, workspace: Workspace, *, prepare: Optional[Prepare] = None,
+                 runtime: Any = None, engine: str = "threaded", recyclable: Sequence[int] = ()):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.program = program
@@ -61,9 +61,9 @@ class Executable:
             ensure_configured()
         xp = self.backend.xp
         self.kernels = [node.op.bind(xp, node.attrs, runtime=runtime) for node in program.nodes]
-        self.planner = planner
-        self.infer = infer
-        self.specialize = specialize  # (program, slot types) -> program for this signature
+        # the per-signature stages (cgvm.compiler.passes.SIGNATURE_STAGES), given by the compiler:
+        # (program, known slot types) -> (program for this signature, every slot's type, memory plan)
+        self.stages = prepare
         # output positions whose previous buffers the caller hands back for reuse (parameter
         # updates: the old value of a parameter becomes the buffer of its next update)
         self.recyclable = tuple(recyclable)
@@ -108,10 +108,7 @@ class Executable:
                 raise InputError(f"{prog.name}: workspace tensor {name!r} is {t!r}; the program was built "
                                  f"for {want!r}")
             known[s] = t
-        types = self.infer(prog, known) if self.infer else list(prog.slot_types)
-        if self.specialize is not None:
-            prog = self.specialize(prog, types)
-        plan = self.planner(prog, types) if self.planner else None
+        prog, types, plan = self.stages(prog, known) if self.stages else (prog, list(prog.slot_types), None)
         buffers: List[Any] = []
         views: Dict[int, Any] = {}
         if plan is not None:
