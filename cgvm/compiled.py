@@ -9,7 +9,6 @@ and written to the Workspace after all outputs.
 from __future__ import annotations
 
 import builtins
-import sys
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -17,7 +16,7 @@ import numpy as np
 from .compiler import generate, prepare_signature, run_passes
 from .compiler.recompute import optimize_and_recompute
 from .errors import InputError
-from .ops.kernels.scratch import REFS_HELD_ONCE, writeable
+from .ops.kernels.scratch import private_array
 from .ir.graph import PARAM, Graph, Value
 from .vm.bytecode import dis
 from .vm.interpreter import Executable
@@ -39,12 +38,11 @@ class SubgraphRuntime:
         self.plan, self.inplace = plan, inplace
         self._cache: Dict[int, Any] = {}
 
-    def stages(self, copied_outputs: Sequence[int] = ()):
-        """The per-signature stages for a program of this runtime: ``(program, known) -> (program, types, plan)``."""
+    def stages(self, copied_outputs: Sequence[int] = (), recyclable: Sequence[int] = ()):
+        """The per-signature stages for a program of this runtime: ``(program, known) -> Signature``."""
         def prepare(program, known):
-            sig = prepare_signature(program, known, plan=self.plan, inplace=self.inplace,
-                                    copied_outputs=copied_outputs)
-            return sig.program, sig.types, sig.plan
+            return prepare_signature(program, known, plan=self.plan, inplace=self.inplace,
+                                     copied_outputs=copied_outputs, recyclable=recyclable)
         return prepare
 
     def compile(self, graph: Graph, copied_outputs: Sequence[int] = ()):
@@ -100,7 +98,8 @@ class Function:
         self.program = generate(self.graph)
         self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
         recyclable = range(self.n_outputs, self.n_outputs + len(self.update_names))
-        self.executable = Executable(self.program, self.workspace, prepare=self.runtime.stages(), recyclable=recyclable,
+        self.executable = Executable(self.program, self.workspace, prepare=self.runtime.stages(recyclable=recyclable),
+                                     recyclable=recyclable,
                                      runtime=self.runtime, engine=engine)
         self._asarray = self.workspace.backend.asarray
         self._array_type = self.workspace.backend.xp.ndarray
@@ -154,10 +153,8 @@ class Function:
         old = data.get(name)
         self.workspace.set(name, new)
         if bin and bin[k] is not False:
-            reusable = (old is not None and old is not new and sys.getrefcount(old) == REFS_HELD_ONCE - 1
-                        and old.base is None
-                        and old.shape == new.shape and old.dtype == new.dtype and old.flags.c_contiguous
-                        and writeable(old))
+            reusable = (old is not None and old is not new and old.shape == new.shape and old.dtype == new.dtype
+                        and old.flags.c_contiguous and private_array(old, in_container=False))
             bin[k] = old if reusable else None
 
     def _convert(self, i: int, a: Any) -> Any:

@@ -34,6 +34,7 @@ from ..errors import ShapeError
 from ..ir.types import TensorType
 from ..ops.kernels.scratch import ALIGN   # arena blocks start on cache lines, as kernel temporaries do
 from ..vm.bytecode import CALL, Program
+from .liveness import liveness
 
 
 class MemoryPlan:
@@ -230,30 +231,10 @@ def _lifetimes(program: Program, types: Sequence[TensorType], inplace: bool) -> 
     """Simulate the program's reference counts: which values share a block (in place, views) and when
     each block is written first and read last."""
     n = program.n_slots
-    pcs = [pc for pc, ins in enumerate(program.instrs) if ins.opcode == CALL]
-    calls = [program.instrs[pc] for pc in pcs]
-    uses = [0] * n
-    for ins in calls:
-        for a in ins.args:
-            uses[a] += 1
-
-    # alias groups: a view's result shares its input's memory
-    parent = list(range(n))
-
-    def find(s: int) -> int:
-        while parent[s] != s:
-            parent[s] = parent[parent[s]]
-            s = parent[s]
-        return s
-
-    for ins in calls:
-        if program.nodes[ins.node].op.view:
-            for r in ins.results:  # every output of a view op (split) may alias input 0
-                parent[find(r)] = find(ins.args[0])
-    external = {find(s) for s in program.output_slots}
-    external.update(find(s) for s in program.input_slots)
-    external.update(find(s) for _, s in program.param_slots)
-    external.update(find(s) for s, _ in program.const_slots)
+    live = liveness(program)   # alias groups (views share their input's memory), outside memory, read counts
+    pcs = [pc for pc, _ in live.calls]
+    calls = [ins for _, ins in live.calls]
+    uses = live.uses
 
     block: List[Optional[int]] = [None] * n
     sizes: List[int] = []
@@ -276,7 +257,7 @@ def _lifetimes(program: Program, types: Sequence[TensorType], inplace: bool) -> 
         claimed = set()
         for k, r in enumerate(ins.results):
             t = types[r]
-            if find(r) in external:
+            if live.is_external(r):
                 continue
             if t.is_concrete:
                 unplanned += t.nbytes

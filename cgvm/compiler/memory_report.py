@@ -30,6 +30,7 @@ from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..vm.bytecode import CALL, FREE, Program
 from .codegen import generate
+from .liveness import liveness as liveness_of
 from .memory import MemoryPlan
 from .passes import prepare_signature, run_passes
 from .recompute import optimize_and_recompute
@@ -130,7 +131,7 @@ def simulate(program: Program, types: Sequence[TensorType], plan: Optional[Memor
     external = set(program.input_slots) | {s for _, s in program.param_slots} | {s for s, _ in program.const_slots}
     pool = plan.planned_bytes if plan is not None else 0
 
-    root: Dict[int, int] = {}            # slot -> the slot owning its memory (views share it)
+    live = liveness_of(program)          # live.root(slot): the slot owning its memory (views share it)
     members: Dict[int, int] = {}         # owning slot -> how many of its slots are alive
     dynamic_live = dynamic_peak = intermediate_dynamic = intermediate_peak = 0
     unplanned = liveness = liveness_peak = 0
@@ -143,12 +144,10 @@ def simulate(program: Program, types: Sequence[TensorType], plan: Optional[Memor
             node = program.nodes[ins.node]
             for r in ins.results:
                 if node.op.view and ins.args:
-                    base = root.get(ins.args[0], ins.args[0])
-                    root[r] = base
+                    base = live.root(r)
                     if base in members:
                         members[base] += 1
                     continue
-                root[r] = r
                 size = nbytes(r)
                 members[r] = 1
                 logical[r] = size
@@ -165,7 +164,7 @@ def simulate(program: Program, types: Sequence[TensorType], plan: Optional[Memor
             liveness_peak = max(liveness_peak, liveness)
         elif ins.opcode == FREE:
             for s in ins.args:
-                base = root.get(s, s)
+                base = live.root(s)
                 if base in external or base not in members:
                     continue
                 members[base] -= 1
@@ -176,7 +175,7 @@ def simulate(program: Program, types: Sequence[TensorType], plan: Optional[Memor
                     if plan is None or plan.storage[base] is None:
                         dynamic_live -= size
                         intermediate_dynamic -= size
-    outputs_bytes = sum(nbytes(s) for s in outputs if root.get(s, s) == s and s not in external)
+    outputs_bytes = sum(nbytes(s) for s in outputs if live.root(s) == s and s not in external)
     return {
         "peak": weights + constants + inputs + pool + dynamic_peak,
         "activation_peak": pool + intermediate_peak,

@@ -27,6 +27,7 @@ from .fuse import fuse_elementwise, fuse_epilogues
 from .layout import sink_transposes
 from .loop_pushout import push_out_loop_work
 from .loops import hoist_loop_invariants, prune_loop_outputs
+from .liveness import UpdatePlan, liveness
 from .memory import MemoryPlan, infer_slot_types, plan_memory
 from .prune import prune
 from .schedule import schedule_for_memory
@@ -74,6 +75,8 @@ class Signature:
     plan: Optional[MemoryPlan] = None
     copied_outputs: Tuple[int, ...] = ()   # outputs the caller copies at once (see specialize)
     inplace: bool = True                   # let the planner update inputs in place
+    recyclable: Tuple[int, ...] = ()       # output positions whose previous arrays the caller hands back
+    updates: Optional[UpdatePlan] = None   # recycled output buffers, parameters updated in place
 
 
 def _slot_types(sig: Signature) -> Signature:
@@ -88,12 +91,19 @@ def _plan_memory(sig: Signature) -> Signature:
     return replace(sig, plan=plan_memory(sig.program, sig.types, inplace=sig.inplace))
 
 
+def _plan_updates(sig: Signature) -> Signature:
+    return replace(sig, updates=liveness(sig.program).update_plan(sig.recyclable, sig.types))
+
+
 SIGNATURE_STAGES: List[Pass] = [
     Pass("slot_types", _slot_types, (), "the type of every slot, from the shapes of the inputs and parameters"),
     Pass("specialize", _specialize, ("slot_types",), "shape adapters that are identities for these types "
                                                      "aliased away; instructions nobody reads dropped"),
     Pass("plan_memory", _plan_memory, ("slot_types",), "buffers and their reuse, in-place updates and kernel "
                                                        "scratch for this signature"),
+    Pass("plan_updates", _plan_updates, ("slot_types",), "which outputs write into the caller's recycled "
+                                                         "arrays, and which parameter updates overwrite the "
+                                                         "parameter's own array"),
 ]
 
 
@@ -199,10 +209,12 @@ def run_passes(graph: Graph, *, passes: Optional[Sequence[str]] = None, debug: b
 
 
 def prepare_signature(program: Program, known: Dict[int, TensorType], *, plan: bool = True, inplace: bool = True,
-                      copied_outputs: Sequence[int] = (), stages: Optional[Sequence[str]] = None) -> Signature:
+                      copied_outputs: Sequence[int] = (), recyclable: Sequence[int] = (),
+                      stages: Optional[Sequence[str]] = None) -> Signature:
     """Run the per-signature stages (all, or the named ones; ``plan=False`` leaves out planning)."""
     names = stage_names() if stages is None else list(stages)
     if not plan:
         names = [n for n in names if n != "plan_memory"]
-    sig = Signature(program, dict(known), copied_outputs=tuple(copied_outputs), inplace=inplace)
+    sig = Signature(program, dict(known), copied_outputs=tuple(copied_outputs), inplace=inplace,
+                    recyclable=tuple(recyclable))
     return run_pipeline(sig, SIGNATURE_STAGES, names)

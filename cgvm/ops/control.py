@@ -24,7 +24,6 @@ cgvm.ops.scan_plumbing.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, List, Optional, Sequence
 
 from ..errors import GradientError, ShapeError
@@ -36,7 +35,7 @@ from . import elementwise as ew
 from . import shape as shp
 from .registry import OPAQUE, defop, subgraph_gradients
 from .scan_plumbing import pad_steps_like, reverse, shift_in
-from .kernels.scratch import REFS_HELD_ONCE, aligned, aligned_empty
+from .kernels.scratch import aligned, aligned_empty, sole_reference
 
 
 def _split(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:
@@ -144,9 +143,9 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         # stack is reused when only this list refers to it and only it refers to its memory (no
         # output, view or user holds either: NumPy points a view of a view at the memory's owner)
         old = spare[j]
-        if old is not None and old.shape == shape and old.dtype == dtype and sys.getrefcount(old) == REFS_HELD_ONCE:
+        if old is not None and old.shape == shape and old.dtype == dtype and sole_reference(old):
             owner = old.base
-            if owner is None or sys.getrefcount(owner) == REFS_HELD_ONCE:
+            if owner is None or sole_reference(owner):
                 return old
         spare[j] = aligned_empty(xp, shape, dtype)
         return spare[j]

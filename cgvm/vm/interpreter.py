@@ -23,8 +23,8 @@ from .workspace import Workspace
 # lowered instruction kinds of the loop interpreter
 _FREE, _U, _B, _UO, _BO, _N = 0, 1, 2, 3, 4, 5
 
-# (program, known slot types) -> (program for this signature, slot types, memory plan or None)
-Prepare = Callable[[Program, Dict[int, TensorType]], Tuple[Program, List[TensorType], Any]]
+# (program, known slot types) -> the signature's record (.program, .types, .plan, .updates)
+Prepare = Callable[[Program, Dict[int, TensorType]], Any]
 ENGINES = ("threaded", "loop")
 
 
@@ -62,7 +62,8 @@ class Executable:
         xp = self.backend.xp
         self.kernels = [node.op.bind(xp, node.attrs, runtime=runtime) for node in program.nodes]
         # the per-signature stages (cgvm.compiler.passes.SIGNATURE_STAGES), given by the compiler:
-        # (program, known slot types) -> (program for this signature, every slot's type, memory plan)
+        # (program, known slot types) -> a record with .program (for this signature), .types (of
+        # every slot), .plan (the memory plan or None) and .updates (recycled outputs, in-place updates)
         self.stages = prepare
         # output positions whose previous buffers the caller hands back for reuse (parameter
         # updates: the old value of a parameter becomes the buffer of its next update)
@@ -108,7 +109,11 @@ class Executable:
                 raise InputError(f"{prog.name}: workspace tensor {name!r} is {t!r}; the program was built "
                                  f"for {want!r}")
             known[s] = t
-        prog, types, plan = self.stages(prog, known) if self.stages else (prog, list(prog.slot_types), None)
+        sig = self.stages(prog, known) if self.stages else None
+        if sig is not None:
+            prog, types, plan, updates = sig.program, sig.types, sig.plan, sig.updates
+        else:
+            types, plan, updates = list(prog.slot_types), None, None
         buffers: List[Any] = []
         views: Dict[int, Any] = {}
         if plan is not None:
@@ -122,11 +127,12 @@ class Executable:
         scalar_outputs = [s for s in prog.output_slots if types[s].ndim == 0]
         kernels = self._kernels_with_scratch(prog, plan, buffers)
         if self.engine == "threaded":
-            recycled = self._recycled_slots(prog, types)
+            # the plan's recycled outputs and parameters updated in place (cgvm.compiler.liveness)
+            recycled = updates.recycled if updates is not None else {}
+            in_place = updates.in_place if updates is not None else {}
             # False marks outputs whose kernel cannot take a buffer in this frame: never refilled
             recycle_bin: List[Any] = [None if i in recycled.values() else False
                                       for i in range(len(self.recyclable))]
-            in_place = {s: recycled[out] for s, out in self._updates_in_place(prog).items() if out in recycled}
             run, line_pc = lower(prog, kernels, views, self._consts, scalar_outputs,
                                  self.backend.xp.asarray, self.workspace._data,
                                  lambda exc, lp: self._threaded_error(exc, lp, prog), recycled, recycle_bin,
@@ -141,64 +147,6 @@ class Executable:
         for pc, (sid, offset, nbytes) in (plan.scratch.items() if plan is not None else ()):
             kernels[pc] = functools.partial(kernels[pc], scratch=buffers[sid][offset:offset + nbytes])
         return kernels
-
-    def _updates_in_place(self, prog: Program) -> Dict[int, int]:
-        """Parameter slot -> the recyclable output slot whose kernel may overwrite that parameter.
-
-        An update ``w' = f(w, ...)`` may be written into ``w``'s own array when ``f``'s op declares
-        that input in-place, its instruction is the last to read ``w`` or anything that may alias
-        it and reads no such alias besides, and no output may alias ``w``. Aliases are the results
-        of view ops and of ops that hand back arrays of their own choosing (scan carries, cond
-        branches). Whether the array is private to the workspace is checked on each call (see
-        threaded.lower).
-        """
-        params = {s for _, s in prog.param_slots}
-        aliased: Dict[int, Set[int]] = {s: {s} for s in params}   # slot -> parameters it may alias
-        last_read: Dict[int, int] = {}
-        for pc, ins in enumerate(prog.instrs):
-            if ins.opcode != CALL:
-                continue
-            read = set().union(*(aliased.get(a, ()) for a in ins.args))
-            for p in read:
-                last_read[p] = pc
-            op = prog.nodes[ins.node].op
-            if read and (op.view or not op.writes_out):
-                for r in ins.results:
-                    aliased[r] = read
-        outputs = list(prog.output_slots)
-        exposed = set().union(*(aliased.get(s, ()) for s in outputs))
-        producer = {ins.results[0]: pc for pc, ins in enumerate(prog.instrs)
-                    if ins.opcode == CALL and len(ins.results) == 1}
-        found: Dict[int, int] = {}
-        for position in self.recyclable:
-            out = outputs[position]
-            pc = producer.get(out)
-            if pc is None or outputs.count(out) != 1:
-                continue
-            ins = prog.instrs[pc]
-            for i, o in prog.nodes[ins.node].op.inplace:
-                s = ins.args[i] if i < len(ins.args) else None
-                if (o == 0 and s in params and s not in exposed and s not in found and last_read.get(s) == pc
-                        and sum(s in aliased.get(a, ()) for a in ins.args) == 1):
-                    found[s] = out
-                    break
-        return found
-
-    def _recycled_slots(self, prog: Program, types: Sequence[TensorType]) -> Dict[int, int]:
-        """Output slot -> recycle-bin index, for recyclable outputs a kernel writes into whole."""
-        produced = {}
-        for ins in prog.instrs:
-            if ins.opcode == CALL and len(ins.results) == 1:
-                produced[ins.results[0]] = prog.nodes[ins.node].op
-        out: Dict[int, int] = {}
-        slots = list(prog.output_slots)
-        for index, position in enumerate(self.recyclable):
-            s = slots[position]
-            op = produced.get(s)
-            if (op is not None and op.writes_out and not op.view and types[s].is_concrete
-                    and slots.count(s) == 1 and s not in out):
-                out[s] = index
-        return out
 
     # -- threaded engine ---------------------------------------------------------
     def _threaded_error(self, exc: BaseException, line_pc: Dict[int, int], prog: Program) -> None:

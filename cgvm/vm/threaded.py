@@ -8,10 +8,9 @@ through the line number, so the hot path carries no bookkeeping.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..ops.kernels.scratch import REFS_HELD_ONCE, writeable
+from ..ops.kernels.scratch import private_array
 from .bytecode import CALL, FREE, Program
 
 
@@ -32,7 +31,7 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
     try block costs nothing on the way through.
     """
     env: Dict[str, Any] = {"_asarray": asarray, "_data": params, "_on_error": on_error, "_bin": recycle_bin,
-                           "_refs": sys.getrefcount, "_writeable": writeable}
+                           "_private": private_array}
     recycled = recycled or {}
     lines: List[str] = []
     line_pc: Dict[int, int] = {}
@@ -44,8 +43,7 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
         line_pc[len(lines) + 1] = -1 - s  # a failing read names the parameter
         lines.append(f"    s{s} = _data[n{s}]")
         if in_place and s in in_place:
-            lines.append(f"    if _refs(s{s}) == {REFS_HELD_ONCE} and s{s}.base is None and _writeable(s{s}): "
-                         f"_bin[{in_place[s]}] = s{s}")
+            lines.append(f"    if _private(s{s}): _bin[{in_place[s]}] = s{s}")
     for s, arr in consts.items():
         env[f"c{s}"] = arr
 

@@ -21,7 +21,7 @@ def test_both_lists_hold_the_same_records_and_declare_earlier_needs_only():
             assert isinstance(p, Pass) and p.doc
             assert set(p.needs) <= seen, p.name
             seen.add(p.name)
-    assert stage_names() == ["slot_types", "specialize", "plan_memory"]
+    assert stage_names() == ["slot_types", "specialize", "plan_memory", "plan_updates"]
 
 
 def test_a_selected_pass_brings_what_it_needs_in_pipeline_order():
@@ -78,3 +78,24 @@ def test_a_function_runs_the_stages_per_signature():
     f(np.zeros(3, np.float32))
     f(np.zeros(5, np.float32))
     assert len(f.memory_plans()) == 2
+
+
+def test_one_liveness_analysis_serves_the_planner_report_and_update_plan():
+    from cgvm.compiler.liveness import liveness
+    from cgvm.ir import param_value
+    from cgvm.ops import linalg as L
+
+    x = input_value(TensorType((2, 3), float32), "x")
+    w = param_value("w", TensorType((3, 3), float32))
+    y = R.sum(L.matmul(E.exp(x), w))
+    new_w = E.sub(w, E.mul(cgvm.grad(y, w), 0.5))
+    program = generate(run_passes(Graph([x], [y, new_w])))
+    live = liveness(program)
+    assert live is liveness(program)   # computed once per program
+    w_slot = program.param_slots[0][1]
+    assert live.is_external(w_slot) and live.is_external(program.output_slots[0])
+    known = {program.input_slots[0]: TensorType((2, 3), float32), w_slot: TensorType((3, 3), float32)}
+    sig = prepare_signature(program, known, recyclable=(1,))
+    assert sig.updates.recycled == {sig.program.output_slots[1]: 0}
+    assert sig.updates.in_place == {w_slot: 0}   # w - 0.5 * g may overwrite w's own array
+    assert prepare_signature(program, known).updates.recycled == {}

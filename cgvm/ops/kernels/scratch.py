@@ -24,19 +24,15 @@ ALIGN = 64
 
 Layout = Sequence[Tuple[str, Tuple[int, ...], Any]]   # (name, shape, dtype) per temporary
 
-
 def _nbytes(shape: Sequence[int], dtype: Any) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
-
 def layout_bytes(layout: Layout) -> int:
     """Bytes of a block that holds every temporary of ``layout``, each aligned to ALIGN."""
     return sum(_aligned(_nbytes(shape, dtype)) for _, shape, dtype in layout)
-
 
 def aligned_empty(xp: Any, shape: Sequence[int], dtype: Any) -> Any:
     """``xp.empty(shape, dtype)`` starting at a multiple of ALIGN bytes. NumPy's allocator aligns to
@@ -49,7 +45,6 @@ def aligned_empty(xp: Any, shape: Sequence[int], dtype: Any) -> Any:
     start = -raw.ctypes.data % ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
-
 def aligned(xp: Any, a: Any) -> Any:
     """``a`` itself when it starts at a multiple of ALIGN bytes (or is not a NumPy array), else an
     aligned copy: for a matrix that many GEMMs read (OpenBLAS took 13 us instead of 17 for a
@@ -59,7 +54,6 @@ def aligned(xp: Any, a: Any) -> Any:
     copy = aligned_empty(xp, a.shape, a.dtype)
     copy[...] = a
     return copy
-
 
 def take(xp: Any, block: Optional[Any], layout: Layout) -> Dict[str, Any]:
     """The temporaries of ``layout`` by name: views of ``block`` (uint8) when it holds them all, else
@@ -74,22 +68,27 @@ def take(xp: Any, block: Optional[Any], layout: Layout) -> Dict[str, Any]:
         start += _aligned(n)
     return arrays
 
-
-def _refs_held_once() -> int:
-    """What ``sys.getrefcount(s)`` reports for an object that one container holds, read into the
-    local ``s``: 3 on CPython 3.10-3.13 (the container, the local, the argument). Measured on
-    code of that shape rather than assumed: interpreters that borrow references from the frame
-    report less, and a wrong constant would mistake a user's reference for none."""
-    env = {"_refs": sys.getrefcount}
-    exec(compile("def probe(d):\n    s = d[0]\n    return _refs(s)\n", "<cgvm refcount probe>", "exec"), env)
-    return env["probe"]([object()])
-
-
-#: an array read from a list or dict into a local with this count is held by that container alone
-#: (buffers are reused, and parameters updated in place, only then)
-REFS_HELD_ONCE = _refs_held_once()
-
-
 def writeable(a: Any) -> bool:
     """Whether ``a`` may be written (NumPy's flag; CuPy arrays have no such flag and always may)."""
     return getattr(a.flags, "writeable", True)
+
+def _refs_seen_by_helper() -> int:
+    """What ``sys.getrefcount`` reports inside a helper called on a local that one container holds."""
+    env = {"_refs": lambda a: sys.getrefcount(a)}
+    exec(compile("def probe(d):\n    s = d[0]\n    return _refs(s)\n", "<cgvm refcount probe>", "exec"), env)
+    return env["probe"]([object()])
+
+_REFS_SEEN_BY_HELPER = _refs_seen_by_helper()
+
+def sole_reference(a: Any, *, in_container: bool = True) -> bool:
+    """Whether the caller's local variable holding ``a`` and, with ``in_container``, one list or dict
+    entry (or one array's ``.base``) are all that refer to ``a``: no user, view or DLPack export
+    holds it. The one refcount test behind reusing arrays (loop stacks, recycled parameter arrays,
+    parameters updated in place); called as ``sole_reference(local)``."""
+    return sys.getrefcount(a) == _REFS_SEEN_BY_HELPER - (0 if in_container else 1)
+
+def private_array(a: Any, *, in_container: bool = True) -> bool:
+    """``sole_reference(a)``, and ``a`` owns its memory and may be written: safe to overwrite."""
+    # the count taken here, not through sole_reference: one call deeper would see one more reference
+    return (sys.getrefcount(a) == _REFS_SEEN_BY_HELPER - (0 if in_container else 1)
+            and a.base is None and writeable(a))
