@@ -8,7 +8,6 @@ and written to the Workspace after all outputs.
 """
 from __future__ import annotations
 
-import builtins
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -17,6 +16,7 @@ from .compiler import generate, prepare_signature, run_passes
 from .compiler.recompute import optimize_and_recompute
 from .errors import InputError
 from .ops.kernels.scratch import private_array
+from .pycode import define
 from .ir.graph import PARAM, Graph, Value
 from .vm.bytecode import dis
 from .vm.interpreter import Executable
@@ -138,10 +138,10 @@ class Function:
             lines.append("    return r[0]")
         else:
             lines.append(f"    return list(r[:{self.n_outputs}])" if self.update_names else "    return list(r)")
-        exec(builtins.compile("\n".join(lines), f"<cgvm call {self.program.name}>", "exec"), env)
+        call = define("call", lines, env, f"call {self.program.name}")
         # the call path becomes this instance's __call__ (a per-instance subclass): no extra Python layer
-        self.__class__ = type("Function", (Function,), {"__call__": env["call"], "__module__": __name__})
-        return env["call"].__get__(self)
+        self.__class__ = type("Function", (Function,), {"__call__": call, "__module__": __name__})
+        return call.__get__(self)
 
     def _apply_update(self, bin: list, k: int, name: str, new: Any) -> None:
         """Bind parameter ``name`` to its new value; recycle the old array as the next update's buffer.

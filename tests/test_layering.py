@@ -1,7 +1,8 @@
 """The import directions of DESIGN.md, checked by parsing every module under cgvm/ (nothing is imported).
 
     cgvm.ir         imports nothing of cgvm but cgvm.errors
-    cgvm.ops        imports only cgvm.ir, cgvm.errors and cgvm.backend (device code: BLAS, CUDA kernels)
+    cgvm.ops        imports only cgvm.ir, cgvm.errors, cgvm.backend (device code: BLAS, CUDA kernels)
+                    and cgvm.pycode (generated Python), which imports nothing of cgvm
     cgvm.autodiff   builds graphs with cgvm.ir and cgvm.ops only
     cgvm.backend    imports nothing of ir, ops, autodiff, compiler, vm, function, frontends
     cgvm.vm         never imports cgvm.compiler, cgvm.compiled or the frontends
@@ -151,7 +152,8 @@ def _other_frontends(name: str) -> Tuple[str, ...]:
 
 RULES = [
     Rule("cgvm.ir", allowed=("cgvm.errors",), why="the IR imports nothing of cgvm but cgvm.errors"),
-    Rule("cgvm.ops", allowed=("cgvm.ir", "cgvm.errors", "cgvm.backend"),
+    Rule("cgvm.pycode", allowed=(), why="generated Python is a helper every layer may use"),
+    Rule("cgvm.ops", allowed=("cgvm.ir", "cgvm.errors", "cgvm.backend", "cgvm.pycode"),
          why="ops are built on the IR; their kernels call device code in the backend"),
     Rule("cgvm.autodiff", allowed=("cgvm.ir", "cgvm.ops", "cgvm.errors"),
          why="autodiff builds graphs with the IR and ops only"),
@@ -160,7 +162,8 @@ RULES = [
          why="backends run kernels and know nothing of graphs"),
     Rule("cgvm.vm", forbidden=("cgvm.compiler", "cgvm.compiled", "cgvm.frontends"),
          why="the VM runs programs; it does not compile them"),
-    Rule("cgvm.compiler", allowed=("cgvm.ir", "cgvm.ops", "cgvm.autodiff", "cgvm.vm.bytecode", "cgvm.errors"),
+    Rule("cgvm.compiler", allowed=("cgvm.ir", "cgvm.ops", "cgvm.autodiff", "cgvm.vm.bytecode", "cgvm.errors",
+                                   "cgvm.pycode"),
          why="the compiler turns graphs into bytecode; it runs nothing and knows no frontend"),
     Rule("cgvm.compiled", forbidden=("cgvm.frontends", "cgvm.caffe", "cgvm.keras", "cgvm.theano", "cgvm.cli"),
          why="a compiled function knows no frontend and no command line"),

@@ -35,6 +35,7 @@ from . import elementwise as ew
 from . import shape as shp
 from .registry import OPAQUE, defop, subgraph_gradients
 from .scan_plumbing import pad_steps_like, reverse, shift_in
+from ..pycode import define
 from .kernels.scratch import aligned, aligned_empty, sole_reference
 
 
@@ -124,9 +125,7 @@ def _steady_loop(n_seqs: int, n_carry: int, n_nonseq: int, kept: Sequence[int], 
     if has_until:
         lines += ["        if r[-1]:", f"            return [{', '.join(car)}], t + 1, t"]
     lines.append(f"    return [{', '.join(car)}], None, t")
-    env: dict = {}
-    exec(compile("\n".join(lines), f"<cgvm scan loop {n_seqs}/{n_carry}/{n_nonseq}>", "exec"), env)
-    return env["loop"]
+    return define("loop", lines, {}, f"scan loop {n_seqs}/{n_carry}/{n_nonseq}")
 
 
 @scan.kernel_factory

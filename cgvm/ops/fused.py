@@ -40,6 +40,7 @@ import numpy as np
 from ..backend.cuda_elementwise import CTYPES, FLOAT_FUNCS, LIBM_NAME, elementwise_kernel
 from ..backend.cuda_elementwise import cuda_operation  # noqa: F401  (re-exported: the CUDA body of a program)
 from ..errors import ShapeError
+from ..pycode import define
 from ..ir.attrs import Any_, Bool, DTypeAttr, Float, Str
 from ..ir.types import DType, TensorType, result_dtype
 from . import conv as cv
@@ -219,11 +220,7 @@ def numpy_fused_kernel(program: Program, dtype_name: str, shape_from_first: bool
         lines += ["  if out is None:", f"    out = _empty({shape}, _D)", f"  {call(program[0], 'out')}"]
     lines += [f"  {call(step, 'out')}" for step in program[1:]]
     lines.append("  return out")
-    source = "\n".join(lines)
-    exec(compile(source, f"<cgvm fused kernel {len(program)} steps>", "exec"), env)
-    fused = env["fused"]
-    fused.__cgvm_source__ = source
-    return fused
+    return define("fused", lines, env, f"fused kernel {len(program)} steps")
 
 
 def _generic_fused_kernel(xp: Any, program: Program, dtype: DType) -> Callable:

@@ -2,10 +2,10 @@
 
 Loading binds every CALL's kernel for the backend with its attributes, once. For each new
 signature of input (and parameter) shapes a Frame is prepared: slot types inferred, memory
-planned, buffers allocated, and the instructions lowered for fast execution, either to flat
-tuples for the loop interpreter (``engine="loop"``: the simple one, easy to subclass and
-trace) or to threaded code (``engine="threaded"``, the default: see threaded.py). A failing
-instruction re-raises with the program counter, its disassembly and the node's source.
+planned, buffers allocated, and the instructions lowered to threaded code (one generated
+Python function per frame: see threaded.py). A failing instruction re-raises with the program
+counter, its disassembly and the node's source. The reference to test it against, and the
+interpreter to subclass for tracing, is cgvm.vm.reference (``eval_graph``, ``Interpreter``).
 """
 from __future__ import annotations
 
@@ -16,31 +16,27 @@ from ..backend.threads import ensure_configured
 from ..errors import CgvmError, ExecutionError, InputError
 from ..ir.types import DType, TensorType
 from ..ops.kernels.scratch import aligned_empty
-from .bytecode import CALL, FREE, Program
+from .bytecode import CALL, Program
 from .threaded import lower
 from .workspace import Workspace
 
-# lowered instruction kinds of the loop interpreter
-_FREE, _U, _B, _UO, _BO, _N = 0, 1, 2, 3, 4, 5
-
 # (program, known slot types) -> the signature's record (.program, .types, .plan, .updates)
 Prepare = Callable[[Program, Dict[int, TensorType]], Any]
-ENGINES = ("threaded", "loop")
+ENGINES = ("threaded",)   # the loop engine is gone: cgvm.vm.reference.Interpreter is the one to subclass
 
 
 class Frame:
     """What one input signature needs: slot types, memory plan, buffers and the runnable code."""
 
-    __slots__ = ("run", "program", "types", "plan", "buffers", "code", "line_pc", "recycle_bin")
+    __slots__ = ("run", "program", "types", "plan", "buffers", "line_pc", "recycle_bin")
 
-    def __init__(self, run, program, types, plan, buffers, code=None, line_pc=None, recycle_bin=None):
+    def __init__(self, run, program, types, plan, buffers, line_pc=None, recycle_bin=None):
         self.run = run            # run(*inputs) -> tuple of outputs
         self.program = program    # the program it runs: specialized for this signature
         self.types = types
         self.plan = plan
         self.buffers = buffers
-        self.code = code          # loop engine: lowered tuples
-        self.line_pc = line_pc    # threaded engine: line number -> pc
+        self.line_pc = line_pc    # line number of the generated code -> pc
         # one entry per recyclable output (see Executable.recyclable): a buffer its kernel may
         # write into on the next call, refilled by the caller; None means allocate, False never
         self.recycle_bin = recycle_bin if recycle_bin is not None else []
@@ -126,20 +122,15 @@ class Executable:
                     views[s] = buffers[sid][start:start + t.nbytes].view(t.dtype.np).reshape(t.shape)
         scalar_outputs = [s for s in prog.output_slots if types[s].ndim == 0]
         kernels = self._kernels_with_scratch(prog, plan, buffers)
-        if self.engine == "threaded":
-            # the plan's recycled outputs and parameters updated in place (cgvm.compiler.liveness)
-            recycled = updates.recycled if updates is not None else {}
-            in_place = updates.in_place if updates is not None else {}
-            # False marks outputs whose kernel cannot take a buffer in this frame: never refilled
-            recycle_bin: List[Any] = [None if i in recycled.values() else False
-                                      for i in range(len(self.recyclable))]
-            run, line_pc = lower(prog, kernels, views, self._consts, scalar_outputs,
-                                 self.backend.xp.asarray, self.workspace._data,
-                                 lambda exc, lp: self._threaded_error(exc, lp, prog), recycled, recycle_bin,
-                                 in_place)
-            return Frame(run, prog, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
-        code = self._lower_loop(prog, views, kernels)
-        return Frame(self._loop_runner(prog, code, scalar_outputs), prog, types, plan, buffers, code=code)
+        # the plan's recycled outputs and parameters updated in place (cgvm.compiler.liveness)
+        recycled = updates.recycled if updates is not None else {}
+        in_place = updates.in_place if updates is not None else {}
+        # False marks outputs whose kernel cannot take a buffer in this frame: never refilled
+        recycle_bin: List[Any] = [None if i in recycled.values() else False for i in range(len(self.recyclable))]
+        run, line_pc = lower(prog, kernels, views, self._consts, scalar_outputs, self.backend.xp.asarray,
+                             self.workspace._data, lambda exc, lp: self._threaded_error(exc, lp, prog), recycled,
+                             recycle_bin, in_place)
+        return Frame(run, prog, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
 
     def _kernels_with_scratch(self, prog: Program, plan: Any, buffers: List[Any]) -> Dict[int, Callable]:
         """pc -> kernel, with its planned scratch block bound as ``scratch=`` where the plan gives one."""
@@ -164,80 +155,6 @@ class Executable:
         regs = {int(k[1:]): v for k, v in local.items() if k[:1] == "s" and k[1:].isdigit()}
         regs.update(self._consts)
         raise self._error(prog, pc, exc, regs) from exc
-
-    # -- loop engine ---------------------------------------------------------------
-    def _lower_loop(self, prog: Program, views: Dict[int, Any], kernels: Dict[int, Callable]) -> list:
-        code = []
-        for pc, ins in enumerate(prog.instrs):
-            if ins.opcode == FREE:
-                slots = tuple(s for s in ins.args if s not in views and s not in self._consts)
-                if slots:
-                    code.append((_FREE, None, slots, None, None, pc))
-                continue
-            if ins.opcode != CALL:
-                continue
-            fn = kernels[pc]
-            args, res = ins.args, ins.results
-            buf = views.get(res[0]) if len(res) == 1 else None
-            if len(res) > 1 and prog.nodes[ins.node].op.multi_out and any(r in views for r in res):
-                buf = tuple(views.get(r) for r in res)
-            if len(res) == 1 and len(args) == 1:
-                code.append((_U, fn, args[0], None, res[0], pc) if buf is None else (_UO, fn, args[0], buf, res[0], pc))
-            elif len(res) == 1 and len(args) == 2:
-                code.append((_B, fn, args[0], args[1], res[0], pc) if buf is None else (_BO, fn, args, buf, res[0], pc))
-            else:
-                code.append((_N, fn, args, buf, res, pc))
-        return code
-
-    def _loop_runner(self, prog: Program, code: list, scalar_outputs: Sequence[int]) -> Callable:
-        template: List[Any] = [None] * prog.n_slots
-        for s, a in self._consts.items():
-            template[s] = a
-        data = self.workspace._data
-        params = prog.param_slots
-        inputs = prog.input_slots
-        outputs = prog.output_slots
-        asarray = self.backend.xp.asarray
-        scalars = set(scalar_outputs)
-
-        def run(*args):
-            r = template[:]
-            for s, a in zip(inputs, args):
-                r[s] = a
-            for name, s in params:
-                r[s] = data[name]
-            self.interpret(prog, code, r)
-            return tuple(asarray(r[s]) if s in scalars else r[s] for s in outputs)
-        return run
-
-    def interpret(self, prog: Program, code: list, r: list) -> None:
-        """The loop interpreter over lowered tuples; subclass and override to trace or instrument."""
-        ins = None
-        try:
-            for ins in code:
-                k, fn, a, b, o, _ = ins
-                if k == _B:
-                    r[o] = fn(r[a], r[b])
-                elif k == _U:
-                    r[o] = fn(r[a])
-                elif k == _BO:
-                    r[o] = fn(r[a[0]], r[a[1]], out=b)
-                elif k == _UO:
-                    r[o] = fn(r[a], out=b)
-                elif k == _FREE:
-                    for s in a:
-                        r[s] = None
-                else:
-                    res = fn(*[r[s] for s in a]) if b is None else fn(*[r[s] for s in a], out=b)
-                    if len(o) == 1:
-                        r[o[0]] = res
-                    else:
-                        for s, v in zip(o, res):
-                            r[s] = v
-        except Exception as exc:
-            if ins is None:
-                raise
-            raise self._error(prog, ins[-1], exc, dict(enumerate(r))) from exc
 
     # -- running -------------------------------------------------------------------
     def run(self, args: Sequence[Any]) -> List[Any]:

@@ -1,6 +1,6 @@
 """Threaded code: a Frame's instructions lowered to one straight-line Python function.
 
-The loop interpreter pays for unpacking and branching on every instruction. Here each CALL
+An interpreter loop pays for unpacking and branching on every instruction. Here each CALL
 becomes one line ``s7 = k3(s5, c2, out=v7)`` with kernels, constants and planned buffers
 bound as closure variables, and each FREE a ``del``. Compiling the text costs microseconds
 per instruction, once per input signature. Errors are mapped back to the program counter
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..ops.kernels.scratch import private_array
+from ..pycode import define
 from .bytecode import CALL, FREE, Program
 
 
@@ -84,9 +85,4 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
     lines.append("    _on_error(_exc, _line_pc)")
     lines.append("    raise")
     env["_line_pc"] = line_pc
-    source = "\n".join(lines)
-    code = compile(source, f"<cgvm program {program.name}>", "exec")
-    exec(code, env)
-    run = env["run"]
-    run.__cgvm_source__ = source
-    return run, line_pc
+    return define("run", lines, env, f"program {program.name}"), line_pc

@@ -184,14 +184,12 @@ def test_dtype_changes_end_a_chain():
     check_same(f, bare, vec(8))
 
 
-def test_reference_interpreter_and_loop_engine_run_fused_nodes():
+def test_the_reference_interpreter_runs_fused_nodes():
     x = input_value(TensorType((None,)), "x")
     g = fuse_elementwise(Graph([x], [chain(x, 12)]))
     assert [n.op.name for n in g.nodes] == ["fused_elementwise"]
     bare = cgvm.compile([x], chain(x, 12), passes=[])
     np.testing.assert_allclose(eval_graph(g, [vec(6)])[0], bare(vec(6)), **TOL)
-    loop = cgvm.compile([x], chain(x, 12), engine="loop")
-    np.testing.assert_allclose(loop(vec(6)), bare(vec(6)), **TOL)
 
 
 def test_fusion_can_be_left_out():

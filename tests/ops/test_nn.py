@@ -434,8 +434,7 @@ def test_lrn_in_sample_chunks_matches_the_whole_batch(monkeypatch, region):
     np.testing.assert_allclose(bwd(g, x), whole_dx, rtol=1e-14)
 
 
-@pytest.mark.parametrize("engine", ["threaded", "loop"])
-def test_batch_norm_training_step_in_planned_buffers_and_sample_chunks_matches_torch(monkeypatch, engine):
+def test_batch_norm_training_step_in_planned_buffers_and_sample_chunks_matches_torch(monkeypatch):
     """batch_norm and batch_norm_grad write their outputs into planned buffers (multi_out) and work a
     few samples at a time; y, the batch statistics and the gradients must match PyTorch's."""
     torch = pytest.importorskip("torch")
@@ -450,7 +449,7 @@ def test_batch_norm_training_step_in_planned_buffers_and_sample_chunks_matches_t
     zeros = const_value(np.zeros(3)), const_value(np.ones(3))
     y, bmean, bvar = nn.batch_norm(E.tanh(xs[0]), *zeros, xs[2], xs[3], training=True)
     loss = R.sum(E.mul(E.tanh(y), xs[1]))
-    f = cgvm.compile(xs, [y, bmean, bvar] + cgvm.grad(loss, [xs[0], xs[2], xs[3]]), engine=engine)
+    f = cgvm.compile(xs, [y, bmean, bvar] + cgvm.grad(loss, [xs[0], xs[2], xs[3]]))
     got = f(x, g, scale, bias)
     plan = next(iter(f.memory_plans().values()))
     from cgvm.vm.bytecode import CALL

@@ -1,4 +1,4 @@
-"""The VM: bytecode and disassembly, both engines agree, errors carry pc and source, workspace and DLPack."""
+"""The VM: bytecode and disassembly, agreement with the reference interpreter, errors carry pc and source, workspace and DLPack."""
 import numpy as np
 import pytest
 
@@ -29,13 +29,12 @@ def test_program_has_call_free_ret_and_disassembles():
     assert dis(f.program).count("\n") >= len(f.program.instrs)
 
 
-@pytest.mark.parametrize("engine", ["threaded", "loop"])
-def test_engines_agree_with_eval_graph(engine, backend):
+def test_the_vm_agrees_with_eval_graph(backend):
     x, w, y = small_graph()
     ws = cgvm.Workspace(backend)
     wv = np.array([0.5, -1.0, 2.0], np.float32)
     ws["w"] = wv
-    f = cgvm.compile([x], y, workspace=ws, engine=engine)
+    f = cgvm.compile([x], y, workspace=ws)
     xv = np.arange(6, dtype=np.float32).reshape(2, 3) / 6
     got = ws.backend.to_numpy(f(xv))
     ref = cgvm.eval_graph(Graph([x], [y]), [xv], {"w": wv})[0]
@@ -43,11 +42,10 @@ def test_engines_agree_with_eval_graph(engine, backend):
     np.testing.assert_allclose(got, np.tanh((xv + 1) * wv).sum(1), rtol=1e-6)
 
 
-@pytest.mark.parametrize("engine", ["threaded", "loop"])
-def test_shape_error_at_run_time_names_node_and_source(engine):
+def test_shape_error_at_run_time_names_node_and_source():
     a = input_value(TensorType((None,), "float32"), "a")
     b = input_value(TensorType((None,), "float32"), "b")
-    f = cgvm.compile([a, b], E.mul(E.exp(a), b), engine=engine,
+    f = cgvm.compile([a, b], E.mul(E.exp(a), b),
                      passes=[p for p in cgvm.compiler.pass_names() if p != "fuse"])
     # shapes are known once the inputs arrive: the mismatch is found before any kernel runs
     with pytest.raises(cgvm.errors.ShapeError) as info:
@@ -193,3 +191,34 @@ def test_dis_shows_the_program_specialized_for_the_last_signature():
     f(np.ones((4, 3), np.float32), np.ones((4, 3), np.float32))
     listing = f.dis()
     assert "sum_to_like" not in listing and "tanh" in listing   # the same shapes: the adapter is gone
+
+
+def test_the_reference_interpreter_subclasses_and_keeps_intermediates():
+    from cgvm.ops import control as C
+    from cgvm.vm.reference import Interpreter
+
+    x = input_value(TensorType((3,), "float64"), "x")
+    h = E.exp(x)
+    y = E.mul(h, 2.0)
+    xv = np.array([0.0, 1.0, 2.0])
+    outs, values = cgvm.eval_graph(Graph([x], [y]), [xv], intermediate=True)
+    np.testing.assert_allclose(values[h], np.exp(xv))
+    np.testing.assert_allclose(outs[0], 2 * np.exp(xv))
+    assert values[x] is xv and len(values) == 3
+
+    class Counting(Interpreter):
+        seen: list = []
+
+        def run_node(self, node, args):
+            Counting.seen.append(node.op.name)
+            return super().run_node(node, args)
+
+    hp = input_value(TensorType((3,), "float64"), "hp")
+    xt = input_value(TensorType((3,), "float64"), "xt")
+    body = Graph([xt, hp], [E.add(hp, xt)], name="acc")
+    xs = input_value(TensorType((4, 3), "float64"), "xs")
+    last, _ = C.scan(xs, x, body=body, n_seqs=1, n_carry=1)
+    seq = np.arange(12.0).reshape(4, 3)
+    got = cgvm.eval_graph(Graph([xs, x], [last]), [seq, xv], interpreter=Counting)[0]
+    np.testing.assert_allclose(got, xv + seq.sum(0))
+    assert Counting.seen.count("add") == 4 and "scan" in Counting.seen   # the body ran with the subclass too

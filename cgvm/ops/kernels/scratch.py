@@ -19,6 +19,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ...pycode import define
+
 #: temporaries start at multiples of this many bytes (cache lines; every dtype's alignment)
 ALIGN = 64
 
@@ -74,9 +76,9 @@ def writeable(a: Any) -> bool:
 
 def _refs_seen_by_helper() -> int:
     """What ``sys.getrefcount`` reports inside a helper called on a local that one container holds."""
-    env = {"_refs": lambda a: sys.getrefcount(a)}
-    exec(compile("def probe(d):\n    s = d[0]\n    return _refs(s)\n", "<cgvm refcount probe>", "exec"), env)
-    return env["probe"]([object()])
+    probe = define("probe", ["def probe(d):", "    s = d[0]", "    return _refs(s)"],
+                   {"_refs": lambda a: sys.getrefcount(a)}, "refcount probe")
+    return probe([object()])
 
 _REFS_SEEN_BY_HELPER = _refs_seen_by_helper()
 
