@@ -5,14 +5,12 @@ from typing import Dict, List, Sequence, Set
 
 from ..ir.graph import CONST, PARAM, Graph, Value
 from ..vm.bytecode import CALL, FREE, RET, Instr, Program
+from .liveness import last_reads
 
 
 def with_frees(calls: Sequence[Instr], keep: Set[int]) -> List[Instr]:
     """CALLs with a FREE after each value's last use (and right after results nobody reads)."""
-    last_use: Dict[int, int] = {}
-    for i, ins in enumerate(calls):
-        for a in ins.args:
-            last_use[a] = i
+    last_use = last_reads(calls)
     out: List[Instr] = []
     for i, ins in enumerate(calls):
         out.append(ins)

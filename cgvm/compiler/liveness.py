@@ -2,7 +2,8 @@
 
 What shares memory (a view's result is its input's memory; every output of a view op may alias
 input 0), what leaves the program or comes from outside it (outputs, inputs, parameters,
-constants, and everything aliasing them), how often and until when each slot is read, and which
+constants, and everything aliasing them), how often and until when each slot is read
+(``last_reads``, which codegen also uses to place FREEs), and which
 parameters an instruction's result may still alias (views, and ops that hand back arrays of
 their own choosing: scan carries, cond branches). The memory planner (cgvm.compiler.memory),
 the memory report (cgvm.compiler.memory_report) and the per-signature plan of parameter updates
@@ -14,7 +15,16 @@ from __future__ import annotations
 from typing import Dict, NamedTuple, Sequence, Set
 
 from ..ir.types import TensorType
-from ..vm.bytecode import CALL, Program
+from ..vm.bytecode import CALL, Instr, Program
+
+
+def last_reads(calls: Sequence[Instr]) -> Dict[int, int]:
+    """Slot -> index (in ``calls``) of the last CALL reading it: where each value dies."""
+    last: Dict[int, int] = {}
+    for i, ins in enumerate(calls):
+        for a in ins.args:
+            last[a] = i
+    return last
 
 
 class UpdatePlan(NamedTuple):
@@ -37,11 +47,12 @@ class Liveness:
         self.calls = [(pc, ins) for pc, ins in enumerate(program.instrs) if ins.opcode == CALL]
         self.uses = [0] * n                  # CALL reads of each slot
         self.last_read = [-1] * n            # pc of the last CALL reading each slot
+        for s, i in last_reads([ins for _, ins in self.calls]).items():
+            self.last_read[s] = self.calls[i][0]
         self._parent = list(range(n))
         for pc, ins in self.calls:
             for a in ins.args:
                 self.uses[a] += 1
-                self.last_read[a] = pc
             if program.nodes[ins.node].op.view:
                 for r in ins.results:
                     self._parent[self.root(r)] = self.root(ins.args[0])
