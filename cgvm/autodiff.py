@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-from .errors import GradientError
+from .errors import GradientError, apply_policy
 from .ir.graph import CONST, Value, toposort
 from .ops import elementwise as ew
 from .ops import shape as shp
@@ -121,12 +121,7 @@ def grad(cost: Value, wrt: Union[Value, Sequence[Value]], *, consider_constant: 
                                     "for float values only")
             msg = (f"grad: the cost does not depend on {v.label()} ({v.type!r}); pass "
                    "disconnected_inputs='ignore' to get a zero gradient")
-            if disconnected_inputs == "raise":
-                raise GradientError(msg)
-            if disconnected_inputs == "warn":
-                import warnings
-
-                warnings.warn(msg, stacklevel=2)
+            apply_policy(disconnected_inputs, msg, GradientError, stacklevel=2)
             g = shp.zeros_like(v) if return_disconnected == "zero" else None
         out.append(g)
     return out[0] if single else out

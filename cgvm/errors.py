@@ -9,6 +9,18 @@ def at_source(source: Optional[str]) -> str:
     return f" (at {source})" if source else ""
 
 
+def apply_policy(policy: str, message: str, error: type, stacklevel: int = 2) -> None:
+    """A user's choice for a questionable but legal request (Theano's ``on_unused_input``,
+    ``disconnected_inputs``): "raise" raises ``error(message)``, "warn" warns (``stacklevel`` as
+    seen from the caller), anything else ("ignore") lets it pass."""
+    if policy == "raise":
+        raise error(message)
+    if policy == "warn":
+        import warnings
+
+        warnings.warn(message, stacklevel=stacklevel + 1)
+
+
 def where(*, pc: Optional[int] = None, instr: Optional[str] = None, name: Optional[str] = None,
           op: Optional[str] = None, source: Optional[str] = None) -> str:
     """The one format of "where" in cgvm's messages: ``pc 3: <instruction>, node 'fc1' op matmul

@@ -115,10 +115,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=repr)
-def test_values(case, backend):
+def test_values_and_gradients(case, backend):
     check_case(case, backend)
-
-
-@pytest.mark.parametrize("case", [c for c in CASES if c.grad], ids=repr)
-def test_gradients(case):
-    check_grad(case)
+    if case.grad and backend == "numpy":   # gradients are checked in float64 on the CPU
+        check_grad(case)

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...errors import InputError, MissingInputError, UnusedInputError
+from ...errors import InputError, MissingInputError, UnusedInputError, apply_policy
 from ...compiled import Function as CoreFunction
 from ...ir.builder import rebuild
 from ...ir.graph import CONST, INPUT, PARAM, Value, toposort
@@ -480,7 +480,4 @@ def _check_inputs(roots: List[Value], ins: List[In], in_ids: set, on_unused: Opt
         if id(i.variable.value) not in used:
             msg = (f"input {k} ({i.variable!r}) is not used to compute any output or update; pass "
                    "on_unused_input='ignore' (or 'warn') if that is intended")
-            if policy == "raise":
-                raise UnusedInputError(msg)
-            if policy == "warn":
-                warnings.warn(msg, stacklevel=3)
+            apply_policy(policy, msg, UnusedInputError, stacklevel=3)

@@ -7,13 +7,12 @@ the graph does not grow with the expression's size. ``Rop`` uses the double-``Lo
 """
 from __future__ import annotations
 
-import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
 from ... import autodiff
-from ...errors import GradientError
+from ...errors import GradientError, apply_policy
 from ...ir.graph import CONST, Value
 from ...ops import grad_control
 from .config import config
@@ -102,10 +101,7 @@ def grad(cost: Any, wrt: Any, consider_constant: Optional[Sequence[Any]] = None,
             continue
         msg = (f"grad: the cost does not depend on {w!r} ({w.value.type!r}); it is disconnected from the "
                "cost. Pass disconnected_inputs='ignore' to get a zero gradient instead")
-        if disconnected_inputs == "raise":
-            raise DisconnectedInputError(msg)
-        if disconnected_inputs == "warn":
-            warnings.warn(msg, stacklevel=2)
+        apply_policy(disconnected_inputs, msg, DisconnectedInputError, stacklevel=2)
         out.append(_zeros_for(w) if return_disconnected == "zero" else None)
     if plain:
         out = [o.value if isinstance(o, TensorVariable) else o for o in out]
