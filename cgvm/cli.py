@@ -33,7 +33,7 @@ def _pass_list(text: str) -> List[str]:
     try:
         print_after_names(names)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("--print-after: ", "")) from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return names
 
 

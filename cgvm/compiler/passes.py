@@ -164,7 +164,7 @@ def print_after_names(names: Iterable[str]) -> set:
         return set(pass_names())
     unknown = shown - set(pass_names())
     if unknown:
-        raise ValueError(f"--print-after: unknown pass {sorted(unknown)[0]!r}; passes are "
+        raise ValueError(f"unknown pass {sorted(unknown)[0]!r} to print after; passes are "
                          f"{', '.join(pass_names())} (or all)")
     return shown
 

@@ -90,7 +90,7 @@ class OpDef(OpSchema):
         self._activation = activation
         self._identity_when: Optional[IdentityFn] = None
         self._lowering: Optional[LoweringFn] = None
-        self.epilogue: Optional[Epilogue] = None   # set by @op.epilogue
+        self.epilogue: Optional[Epilogue] = None   # set by @op.epilogue_into
         self._kernel: Optional[KernelFn] = None
         self._factory: Optional[Callable[..., KernelFn]] = None
         self._grad: Optional[GradFn] = None
