@@ -189,8 +189,7 @@ def _test(args: argparse.Namespace) -> int:
     with _threads(args):
         net = Net(args.model, phase=args.phase or "TEST", level=args.level, stages=_stages(args), backend=backend,
                   allow_python_layers=args.allow_python_layers or None)
-        for path in (w for w in args.weights.split(",") if w):
-            net.copy_from(path)
+        net.copy_from(args.weights)   # a comma list: all or nothing
         last = len(net.layer_infos) - 1
         names = net.outputs
         sums = {}
