@@ -11,10 +11,11 @@ The deadline is ``CGVM_READ_TIMEOUT`` seconds (default 60) plus one second per 5
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
-import traceback
+import select
+import signal
+import time
 from typing import Any, Callable, Optional
 
 from .errors import ConfigError, LoadError, LoadTimeout
@@ -37,51 +38,69 @@ def read_timeout(path: Optional[str] = None) -> float:
     return base + size / _BYTES_PER_SECOND
 
 
-def _child(conn: Any, fn: Callable[..., Any], args: tuple) -> None:
+def _run_child(write_fd: int, fn: Callable[..., Any], args: tuple) -> None:
+    """In the forked child: run, send the pickled outcome, and leave without running any cleanup."""
     try:
-        result = ("ok", fn(*args))
-    except BaseException as exc:  # everything goes back to the parent, which decides
-        result = ("raised", exc, traceback.format_exc())
-    try:
-        conn.send_bytes(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
-    except Exception as exc:   # an unpicklable exception: send its text
-        conn.send_bytes(pickle.dumps(("raised", LoadError(f"{type(exc).__name__}: {exc}"), ""), protocol=4))
+        try:
+            result = ("ok", fn(*args))
+        except BaseException as exc:  # everything goes back to the parent, which decides
+            result = ("raised", exc)
+        try:
+            payload = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:   # an unpicklable result or exception: send its text
+            payload = pickle.dumps(("raised", LoadError(f"{type(exc).__name__}: {exc}")))
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(write_fd, view):]
     finally:
-        conn.close()
+        os._exit(0)
 
 
 def call_with_deadline(fn: Callable[..., Any], *args: Any, what: str, path: Optional[str] = None,
                        timeout: Optional[float] = None) -> Any:
     """``fn(*args)`` in a forked child; its result, or its exception raised again, or LoadTimeout.
 
-    ``what`` names the read in errors (``"reading HDF5 weights from w.h5"``); ``fn`` and its result
-    must be picklable (module-level functions, arrays, plain containers).
+    ``what`` names the read in errors (``"reading HDF5 weights from w.h5"``); ``fn``'s result and
+    exceptions must be picklable (arrays, plain containers, cgvm errors).
     """
-    try:
-        context = multiprocessing.get_context("fork")
-    except ValueError:   # no fork on this platform: run unguarded
+    if not hasattr(os, "fork"):   # no fork on this platform: run unguarded
         return fn(*args)
     limit = read_timeout(path) if timeout is None else timeout
-    parent_conn, child_conn = context.Pipe(duplex=False)
-    process = context.Process(target=_child, args=(child_conn, fn, args), daemon=True)
-    process.start()
-    child_conn.close()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _run_child(write_fd, fn, args)
+    os.close(write_fd)
+    chunks = []
+    deadline = time.monotonic() + limit
     try:
-        if not parent_conn.poll(limit):
-            raise LoadTimeout(f"{what}: no answer after {limit:.0f} s (the file is probably corrupt; "
-                              f"{TIMEOUT_VAR} sets the limit)")
-        try:
-            payload = parent_conn.recv_bytes()
-        except EOFError:
-            process.join(5)
-            raise LoadError(f"{what}: the reader died (exit code {process.exitcode}); the file is probably "
-                            "corrupt") from None
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([read_fd], [], [], max(left, 0))
+            if not ready:
+                raise LoadTimeout(f"{what}: no answer after {limit:.0f} s (the file is probably corrupt; "
+                                  f"{TIMEOUT_VAR} sets the limit)")
+            chunk = os.read(read_fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
     finally:
-        parent_conn.close()
-        if process.is_alive():
-            process.kill()
-        process.join(5)
-    result = pickle.loads(payload)
+        os.close(read_fd)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _, status = os.waitpid(pid, 0)
+    if not chunks:
+        raise LoadError(f"{what}: the reader died ({_describe(status)}); the file is probably corrupt")
+    result = pickle.loads(b"".join(chunks))
     if result[0] == "ok":
         return result[1]
     raise result[1]
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"signal {os.WTERMSIG(status)}"
+    return f"exit code {os.WEXITSTATUS(status) if os.WIFEXITED(status) else status}"

@@ -18,7 +18,7 @@ from typing import Any, Iterator, List, Optional
 import numpy as np
 
 from cgvm.backend import host_array
-from cgvm.cli import command
+from cgvm.cli import UsageError, command, refuse_weights_file
 from cgvm.errors import BackendUnavailable, CgvmError
 
 # --------------------------------------------------------------------------- shared flags
@@ -42,7 +42,9 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _backend(args: argparse.Namespace) -> str:
-    """"numpy", or "cupy" for --gpu (an error that says why when it cannot run)."""
+    """"numpy", or "cupy" for --gpu or CGVM_BACKEND=cupy (an error that says why when it cannot run)."""
+    if args.gpu is None and os.environ.get("CGVM_BACKEND", "").strip().lower() in ("cupy", "gpu", "cuda"):
+        args.gpu = "0"
     if args.gpu is None:
         return "numpy"
     from cgvm.backend import get_backend
@@ -133,6 +135,7 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.weights and args.snapshot:
         raise CgvmError("give --weights or --snapshot, not both (a snapshot carries its own weights)")
+    refuse_weights_file(args.solver, "--solver a solver .prototxt")
     if not os.path.isfile(args.solver):
         raise CgvmError(f"solver file {args.solver!r} not found")
     backend = _backend(args)
@@ -150,8 +153,17 @@ def _train(args: argparse.Namespace) -> int:
                      allow_python_layers=args.allow_python_layers or None, level=args.level,
                      stages=tuple(_stages(args)))
         solver.on_iteration = progress.update
+        if args.snapshot:
+            solver._log(f"Restoring previous solver status from {args.snapshot}")
+            solver.restore(args.snapshot)
+            if solver.iter >= param.max_iter:
+                progress.close()
+                print(f"Nothing to train: the snapshot {args.snapshot} is at iteration {solver.iter} and the "
+                      f"solver's max_iter is {param.max_iter}; raise max_iter in {args.solver} to train on. "
+                      "The snapshot was left as it is.")
+                return 0
         try:
-            solver.solve(args.snapshot or None)
+            solver.solve(None)
         except KeyboardInterrupt:   # Caffe's default SIGINT effect: stop, keeping a snapshot
             progress.close()
             if param.snapshot_after_train:
@@ -185,6 +197,7 @@ def _test_args(p: argparse.ArgumentParser) -> None:
 def _test(args: argparse.Namespace) -> int:
     from cgvm.frontends.caffe.pycaffe import Net
 
+    refuse_weights_file(args.model, "--model a net .prototxt")
     backend = _backend(args)
     with _threads(args):
         net = Net(args.model, phase=args.phase or "TEST", level=args.level, stages=_stages(args), backend=backend,
@@ -228,6 +241,7 @@ def _time_args(p: argparse.ArgumentParser) -> None:
 def _time(args: argparse.Namespace) -> int:
     from cgvm.frontends.caffe.pycaffe import Net
 
+    refuse_weights_file(args.model, "--model a net .prototxt")
     backend = _backend(args)
     with _threads(args):
         net = Net(args.model, phase=args.phase or "TRAIN", level=args.level, stages=_stages(args), backend=backend,
@@ -345,6 +359,7 @@ def _classify(args: argparse.Namespace) -> int:
     from cgvm.frontends.caffe import io as cio
     from cgvm.frontends.caffe.pycaffe import Net
 
+    refuse_weights_file(args.model, "a deploy .prototxt")
     backend = _backend(args)
     net = Net(args.model, phase="TEST", weights=args.weights, backend=backend,
               allow_python_layers=args.allow_python_layers or None)
@@ -359,15 +374,23 @@ def _classify(args: argparse.Namespace) -> int:
     transformer.set_raw_scale(name, args.raw_scale)
     transformer.set_input_scale(name, args.input_scale)
     if shape[1] == 3 and args.channel_swap:
-        transformer.set_channel_swap(name, tuple(int(c) for c in args.channel_swap.split(",")))
+        transformer.set_channel_swap(name, _int_list(args.channel_swap, "--channel-swap"))
     if args.mean_file:
         from cgvm.frontends.caffe.prototxt import read_blobproto
 
         mean = cio.blobproto_to_array(read_blobproto(args.mean_file))
-        transformer.set_mean(name, mean.reshape(mean.shape[-3:]))
+        try:
+            transformer.set_mean(name, mean.reshape(mean.shape[-3:]))
+        except ValueError as exc:
+            raise CgvmError(f"{args.mean_file}: a mean of shape {mean.shape} does not fit the input {shape}: "
+                            f"{exc}") from exc
     elif args.mean_value:
-        values = [float(v) for v in args.mean_value.split(",")]
-        transformer.set_mean(name, np.array(values * (shape[1] if len(values) == 1 else 1), np.float32))
+        try:
+            values = [float(v) for v in args.mean_value.split(",")]
+            transformer.set_mean(name, np.array(values * (shape[1] if len(values) == 1 else 1), np.float32))
+        except ValueError as exc:
+            raise UsageError(f"--mean-value {args.mean_value!r}: give one number, or one per channel "
+                             f"({shape[1]}): {exc}") from exc
     labels = _read_labels(args.labels)
     batch = np.stack([_load_input(path, shape, transformer, name) for path in args.input])
     net.blobs[name].reshape(len(batch), *shape[1:])
@@ -388,7 +411,7 @@ def _load_input(path: str, shape, transformer, name: str) -> np.ndarray:
     if not os.path.isfile(path):
         raise CgvmError(f"input {path!r} not found")
     if path.endswith(".npy"):
-        array = np.load(path)
+        array = _load_npy(path)
         if array.shape == tuple(shape[1:]):
             return array.astype(np.float32)   # already preprocessed (C, H, W)
         if array.ndim == 2:
@@ -403,11 +426,46 @@ def _load_input(path: str, shape, transformer, name: str) -> np.ndarray:
     return transformer.preprocess(name, image)
 
 
+def _load_npy(path: str) -> np.ndarray:
+    """A numeric .npy array; its header's shape is checked against the file's length before reading."""
+    from cgvm.env import check_bytes
+
+    try:
+        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as exc:   # numpy's ValueError / EOFError / tokenize.TokenError... on a corrupt header
+        raise CgvmError(f"{path}: not a readable NumPy .npy file ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(mapped, np.ndarray) or mapped.dtype.kind not in "biuf":
+        raise CgvmError(f"{path}: holds {getattr(mapped, 'dtype', type(mapped).__name__)} values; give a numeric "
+                        "array (an image: H x W [x K], or preprocessed C x H x W)")
+    check_bytes(mapped.size * 4, f"{path}: the input array")
+    try:
+        return np.array(mapped, dtype=np.float32)
+    except (ValueError, OSError) as exc:
+        raise CgvmError(f"{path}: cannot read the array ({exc})") from exc
+
+
+def _int_list(text: str, flag: str) -> tuple:
+    try:
+        return tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: give comma-separated integers") from None
+
+
 def _read_labels(path: str) -> List[str]:
     if not path:
         return []
-    with open(path) as f:
-        return [line.strip() for line in f]
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except IsADirectoryError:
+        raise CgvmError(f"--labels {path}: this is a directory; give a text file, one class name per line") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise CgvmError(f"--labels {path}:{line}: not UTF-8 text; give a text file, one class name per line") \
+            from exc
+    return [line.strip() for line in text.splitlines()]
 
 
 # --------------------------------------------------------------------------- draw

@@ -22,6 +22,10 @@ __all__ = ["blobproto_to_array", "array_to_blobproto", "arraylist_to_blobprotove
 
 # --------------------------------------------------------------------------- protobuf records
 
+class BlobShapeError(CaffeError, ValueError):
+    """A BlobProto whose values do not fit its shape (a ValueError, as pycaffe raises)."""
+
+
 def blobproto_to_array(blob: caffe_pb2.BlobProto, return_diff: bool = False) -> np.ndarray:
     """The blob's data (or diff) as a float array of its shape.
 
@@ -37,10 +41,10 @@ def blobproto_to_array(blob: caffe_pb2.BlobProto, return_diff: bool = False) -> 
     elif arr.size == 1:
         shape = ()
     else:
-        raise ValueError(f"the BlobProto has {arr.size} values but no shape (neither num/channels/height/width "
+        raise BlobShapeError(f"the BlobProto has {arr.size} values but no shape (neither num/channels/height/width "
                          "nor shape.dim)")
     if arr.size != int(np.prod(shape, dtype=np.int64)):
-        raise ValueError(f"the BlobProto's shape {shape} needs {int(np.prod(shape))} values, it holds {arr.size}")
+        raise BlobShapeError(f"the BlobProto's shape {shape} needs {int(np.prod(shape))} values, it holds {arr.size}")
     return arr.reshape(shape)
 
 
@@ -123,11 +127,16 @@ def load_image(filename: str, color: bool = True) -> np.ndarray:
         from PIL import Image
     except ImportError:
         raise CaffeError("caffe.io.load_image needs Pillow: pip install Pillow") from None
-    with Image.open(filename) as img:
-        if color:
-            arr = np.asarray(img.convert("RGB"), dtype=np.float32)
-        else:
-            arr = np.asarray(img.convert("L"), dtype=np.float32)[:, :, None]
+    try:
+        with Image.open(filename) as img:
+            if color:
+                arr = np.asarray(img.convert("RGB"), dtype=np.float32)
+            else:
+                arr = np.asarray(img.convert("L"), dtype=np.float32)[:, :, None]
+    except (FileNotFoundError, IsADirectoryError):
+        raise
+    except Exception as exc:   # PIL's UnidentifiedImageError, OSError (truncated), DecompressionBombError...
+        raise CaffeError(f"{filename}: cannot read the image: {type(exc).__name__}: {exc}") from exc
     return arr / 255.0
 
 

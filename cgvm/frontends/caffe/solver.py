@@ -19,6 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from cgvm.env import check_bytes, shape_bytes
+
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe import solver_state
 from cgvm.frontends.caffe import solver_updates as su
@@ -83,6 +85,9 @@ class Solver:
             for net in [self.net] + self.test_nets:
                 net.copy_from(self._resolve(path))
         self._histories = su.history_names(self.type_name, [p.name for p in self.net.learnable_params])
+        check_bytes(sum(shape_bytes(p.shape, self.net.dtype.itemsize) * len(self._histories[p.name])
+                        for p in self.net.learnable_params),
+                    f"{solver_file or '<solver>'}: the {self.type_name} solver's history blobs")
         for p in self.net.learnable_params:
             for entry in self._histories[p.name]:
                 self.workspace.set(entry, np.zeros(p.shape, self.net.dtype))

@@ -129,6 +129,8 @@ def restore(solver: "Solver", state_file: str) -> None:
     else:
         msg = read_solver_state(state_file)
         iteration, current_step, learned = msg.iter, msg.current_step, msg.learned_net
+        if isinstance(learned, bytes):   # protobuf hands back bytes that are not UTF-8
+            raise CaffeParseError(f"learned_net {learned[:80]!r} is not UTF-8 text", filename=state_file)
         histories = [blobproto_to_array(b) for b in msg.history]
     if iteration < 0 or current_step < 0:
         raise CaffeParseError(f"iter {iteration} / current_step {current_step}: negative", filename=state_file)
