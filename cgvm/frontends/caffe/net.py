@@ -226,7 +226,9 @@ class Net:
             shape = tuple(0 if d is None else int(d) for d in value.shape)
             parts.setdefault(f"blob {self._layers[i].tops[t]!r} (layer '{self._layers[i].name}')",
                              2 * shape_bytes(shape, itemsize))
-        check_bytes(sum(parts.values()), f"{self.filename}: the net (blobs, diffs and learnable blobs)",
+        #: bytes of the net's blobs, diffs and learnable blobs (a solver adds its histories to it)
+        self.bytes_needed = sum(parts.values())
+        check_bytes(self.bytes_needed, f"{self.filename}: the net (blobs, diffs and learnable blobs)",
                     parts=parts.items())
 
     def _defer(self, name: str, shape: Sequence[int], make: Any) -> None:

@@ -85,9 +85,12 @@ class Solver:
             for net in [self.net] + self.test_nets:
                 net.copy_from(self._resolve(path))
         self._histories = su.history_names(self.type_name, [p.name for p in self.net.learnable_params])
-        check_bytes(sum(shape_bytes(p.shape, self.net.dtype.itemsize) * len(self._histories[p.name])
-                        for p in self.net.learnable_params),
-                    f"{solver_file or '<solver>'}: the {self.type_name} solver's history blobs")
+        history_bytes = sum(shape_bytes(p.shape, self.net.dtype.itemsize) * len(self._histories[p.name])
+                            for p in self.net.learnable_params)
+        check_bytes(history_bytes + sum(getattr(n, "bytes_needed", 0) for n in [self.net] + self.test_nets),
+                    f"{solver_file or '<solver>'}: the {self.type_name} solver (its nets and history blobs)",
+                    parts=[("history blobs", history_bytes)] +
+                          [(f"net {n.filename}", getattr(n, "bytes_needed", 0)) for n in [self.net] + self.test_nets])
         for p in self.net.learnable_params:
             for entry in self._histories[p.name]:
                 self.workspace.set(entry, np.zeros(p.shape, self.net.dtype))

@@ -259,11 +259,12 @@ def run(seconds: float, cases: int, seed: int, names: Optional[Sequence[str]] = 
             folder = Path(workdir) / f"seeds{i}"
             folder.mkdir()
             seeds.append(target.seeds(folder))
-        share = seconds / len(targets)
+        end = start + seconds
         for i, target in enumerate(targets):
             rng = random.Random(f"{seed}:{target.name}")
             worker = _WorkerHandle(targets, workdir, address_space_bytes)
-            stop_at = time.monotonic() + share
+            # an equal share of the time left: what a fast target does not use goes to the next ones
+            stop_at = time.monotonic() + max(0.0, end - time.monotonic()) / (len(targets) - i)
             done = 0
             while done < cases and time.monotonic() < stop_at:
                 if done < len(seeds[i]):   # first every seed as it is (each must load), then mutants
