@@ -82,9 +82,15 @@ class Net:
         self.allow_python_layers = bool(allow_python_layers)
         self.param, lines, self.filename = self._read(network_file, filename)
         self.phase = _phase(phase)
-        self._construct(lines, level, list(stages))
-        if weights:
-            self.copy_from(weights)
+        existing = set(self.workspace.keys())
+        try:
+            self._construct(lines, level, list(stages))
+            if weights:
+                self.copy_from(weights)
+        except BaseException:   # a shared workspace keeps nothing of a net that failed to build
+            for name in set(self.workspace.keys()) - existing:
+                del self.workspace[name]
+            raise
 
     # ------------------------------------------------------------------ construction
     @staticmethod
