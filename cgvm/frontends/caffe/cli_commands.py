@@ -58,10 +58,10 @@ def _backend(args: argparse.Namespace) -> str:
             print(f"cgvm: multi-GPU training is not supported; using GPU {ids[0]}", file=sys.stderr)
         cupy.cuda.Device(ids[0]).use()
     except BackendUnavailable as exc:
-        raise CgvmError(f"--gpu needs the CuPy backend: {exc}") from None
+        raise CgvmError(f"--gpu needs the CuPy backend: {exc}") from exc
     except Exception as exc:  # CuPy missing, or present without a driver/device
         raise CgvmError(f"--gpu needs CuPy and a CUDA device ({type(exc).__name__}: {exc}); "
-                        "install cgvm[gpu] on a machine with a GPU, or drop --gpu") from None
+                        "install cgvm[gpu] on a machine with a GPU, or drop --gpu") from exc
     from cgvm.frontends.caffe import pycaffe
 
     pycaffe._mode["backend"] = "cupy"

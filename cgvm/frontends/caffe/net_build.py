@@ -241,7 +241,7 @@ def build_range(net: "Net", lo: int, hi: int, given: Optional[Dict[str, Value]] 
                 except CaffeNetError:
                     raise
                 except (GraphBuildError, CgvmError) as exc:
-                    raise CaffeNetError(_with_where(str(exc), info.where)) from None
+                    raise CaffeNetError(_with_where(str(exc), info.where)) from exc
             if len(tops) != len(info.tops):
                 raise CaffeNetError(f"{info.where}: makes {len(tops)} top(s), the prototxt names "
                                     f"{len(info.tops)}")

@@ -120,6 +120,8 @@ def restore(solver: "Solver", state_file: str) -> None:
     if os.path.isdir(state_file):
         raise CaffeParseError("this is a directory, not a solver state", filename=state_file)
     if state_file.endswith(".h5"):
+        import h5py  # noqa: F401  (imported here once, not again in every guarded reader)
+
         from cgvm.env import max_bytes
         from cgvm.guard import call_with_deadline
 

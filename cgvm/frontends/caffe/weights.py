@@ -151,6 +151,8 @@ def read_hdf5_groups(path: str, group_name: str, wanted: List[str], limit: int) 
 
 
 def _stage_hdf5(net: "Net", path: str) -> Dict[str, np.ndarray]:
+    import h5py  # noqa: F401  (imported here once, not again in every guarded reader)
+
     from cgvm.env import max_bytes
     from cgvm.guard import call_with_deadline
 

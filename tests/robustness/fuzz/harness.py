@@ -244,11 +244,19 @@ def run(seconds: float, cases: int, seed: int, names: Optional[Sequence[str]] = 
     Returns {"targets": {name: {outcome: count}}, "examples": {name: [(outcome, mutation, summary)]},
     "seconds": elapsed}.
     """
-    os.environ.setdefault("CGVM_MAX_BYTES", "1G")      # a loader's own limit, well below the worker's cap
-    os.environ.setdefault("CGVM_READ_TIMEOUT", str(max(1.0, deadline_s / 3)))
     targets = discover_targets(names)
     if not targets:
         raise SystemExit(f"no targets match {names!r}")
+    return run_targets(targets, seconds, cases, seed, deadline_s=deadline_s,
+                       address_space_bytes=address_space_bytes, max_examples=max_examples, log=log)
+
+
+def run_targets(targets: Sequence[Target], seconds: float, cases: int, seed: int, *, deadline_s: float = 10.0,
+                address_space_bytes: int = 6 << 30, max_examples: int = 3, log=None) -> Dict[str, object]:
+    """``run`` over the given targets."""
+    os.environ.setdefault("CGVM_MAX_BYTES", "1G")      # a loader's own limit, well below the worker's cap
+    os.environ.setdefault("CGVM_READ_TIMEOUT", str(max(1.0, deadline_s / 3)))
+    targets = list(targets)
     workdir = tempfile.mkdtemp(prefix="cgvm-fuzz-")
     counts: Dict[str, Counter] = {t.name: Counter() for t in targets}
     examples: Dict[str, List[Tuple[str, str, str]]] = defaultdict(list)
@@ -284,7 +292,7 @@ def run(seconds: float, cases: int, seed: int, names: Optional[Sequence[str]] = 
                     worker.stop(kill=True)
                     worker = _WorkerHandle(targets, workdir, address_space_bytes)
                 outcome, summary = answer
-                if kind == "seed" and outcome != "ok":
+                if kind == "seed" and outcome == "clean":   # a valid file must load
                     outcome, summary = "other", f"a valid seed failed to load: {summary}"
                 counts[target.name][outcome] += 1
                 if outcome in BAD_OUTCOMES and len(examples[target.name]) < max_examples:
