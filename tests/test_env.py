@@ -145,3 +145,20 @@ def test_check_bytes_says_how_much_and_what(monkeypatch):
     check_bytes(1 << 20, "small")
     with pytest.raises(ResourceLimitError, match=r"net\.prototxt needs 32 TiB.*limit of 1 MiB.*ip1 32 TiB"):
         check_bytes(32 << 40, "net.prototxt", parts=[("ip1", 32 << 40), ("conv", 10)])
+
+
+def test_backend_variable_is_checked_by_every_entry_point(monkeypatch):
+    """CGVM_BACKEND with a name no backend has is an error for the core API and pycaffe alike."""
+    import cgvm
+    import cgvm.caffe as caffe
+    from cgvm.backend import base
+    from cgvm.errors import BackendUnavailable
+
+    monkeypatch.setenv("CGVM_BACKEND", "tpu")
+    monkeypatch.setattr(base, "_BACKENDS", {})
+    with pytest.raises(BackendUnavailable, match="'tpu' .from the environment variable CGVM_BACKEND"):
+        cgvm.Workspace()
+    with pytest.raises(BackendUnavailable, match="CGVM_BACKEND"):
+        caffe.Net('input: "x" input_shape { dim: 1 }', caffe.TEST)
+    monkeypatch.setenv("CGVM_BACKEND", "numpy")
+    assert caffe.Net('input: "x" input_shape { dim: 1 }', caffe.TEST).workspace.backend.name == "numpy"
