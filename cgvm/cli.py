@@ -218,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (help_text, add_arguments, _) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_arguments(p)
+        if "--debug" not in p._option_string_actions:   # compile/dis/info's --debug also shows tracebacks
+            p.add_argument("--debug", dest="debug_traceback", action="store_true", default=argparse.SUPPRESS,
+                           help="print the traceback of an error")
         _SUBPARSERS[name] = p
     return parser
 
@@ -242,7 +245,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     sub = _SUBPARSERS[args.command]
     if extra:
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
-    debug = bool(args.debug_traceback or getattr(args, "debug", False) is True)
+    debug = bool(getattr(args, "debug_traceback", False) or getattr(args, "debug", False) is True)
     try:
         check_backend_environment()
         code = COMMANDS[args.command][2](args)

@@ -107,6 +107,8 @@ def test_errors_are_one_line_and_debug_adds_the_traceback(deploy, capsys):
     assert "bad.png" in line and "cannot read the image" in line
     code, out, err = _main(["--debug"] + _run(deploy, "--input", str(bad)), capsys)
     assert code == 2 and "Traceback" in err and "The above exception was the direct cause" in err
+    code, out, err = _main(_run(deploy, "--input", str(bad), "--debug"), capsys)   # after the command too
+    assert code == 2 and "Traceback" in err
 
 
 def test_bad_npy_inputs(deploy, capsys):
