@@ -337,3 +337,33 @@ def test_guarded_errors_come_back_as_they_were():
     with pytest.raises(ZeroDivisionError):
         call_with_deadline(divmod, 1, 0, what="dividing", timeout=5)
     assert call_with_deadline(divmod, 7, 2, what="dividing", timeout=5) == (3, 1)
+
+
+@pytest.mark.parametrize("kind, extra, match", [
+    ("Adam", "momentum: 1", "Adam needs 0 <= momentum < 1"),
+    ("SGD", 'lr_policy: "exp"\ngamma: 1e300', "gives no learning rate"),
+])
+def test_solver_values_that_break_the_learning_rate(tmp_path, kind, extra, match):
+    (tmp_path / "train.prototxt").write_text(TRAIN_NET)
+    solver_file = tmp_path / "solver.prototxt"
+    text = _solver_text(f'net: "{tmp_path / "train.prototxt"}"', kind, policy="")
+    text = text.replace("momentum: 0.9\n", "") if "momentum" in extra else text
+    text = text.replace("gamma: 0.5\n", "") if "gamma" in extra else text
+    solver_file.write_text(text + (extra if "lr_policy" in extra else 'lr_policy: "fixed"\n' + extra) + "\n")
+    with pytest.raises(CgvmError, match=match):
+        solver = caffe.get_solver(str(solver_file), log=False)
+        solver.step(3)
+
+
+def test_snapshot_of_a_big_layer_is_fast_and_exact(tmp_path):
+    """Blobs are written as packed floats in one piece (a Python list per value took seconds per 10**7)."""
+    import time
+
+    net = caffe.Net(SMALL_NET.replace("num_output: 4", "num_output: 20000"), caffe.TEST, seed=2)
+    start = time.perf_counter()
+    weights.save(net, str(tmp_path / "big.caffemodel"))
+    elapsed = time.perf_counter() - start
+    back = caffe.Net(SMALL_NET.replace("num_output: 4", "num_output: 20000"), caffe.TEST, seed=3)
+    back.copy_from(str(tmp_path / "big.caffemodel"))
+    np.testing.assert_array_equal(back.params["ip1"][0].data, net.params["ip1"][0].data)
+    assert elapsed < 5.0, elapsed   # about 0.05 s; the old path took over a second even unloaded

@@ -11,6 +11,7 @@ a small JSON file beside it adds the random generators and data positions Caffe 
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -208,11 +209,18 @@ class Solver:
                                            workspace=self.workspace, name=f"{self.net.name or 'net'}_accumulate")
 
     def _rate_args(self) -> List[np.ndarray]:
-        rate, self.current_step = su.learning_rate(self.param, self.iter, self.current_step)
-        self._rate = rate
-        args = [np.asarray(rate, self._dtype())]
-        if self.type_name == "Adam":
-            args.append(np.asarray(su.adam_correction(self.param, self.iter), self._dtype()))
+        try:
+            rate, current_step = su.learning_rate(self.param, self.iter, self.current_step)
+            if not math.isfinite(rate):
+                raise ValueError(f"the rate is {rate}")
+            args = [np.asarray(rate, self._dtype())]
+            if self.type_name == "Adam":
+                args.append(np.asarray(su.adam_correction(self.param, self.iter), self._dtype()))
+        except (ZeroDivisionError, OverflowError, ValueError) as exc:   # e.g. gamma ** iter past a float
+            raise CaffeError(f"{self.solver_file or '<solver>'}: lr_policy {self.param.lr_policy!r} at iteration "
+                             f"{self.iter} gives no learning rate ({type(exc).__name__}: {exc}); check base_lr, "
+                             "gamma, power, stepsize and the momentum values") from exc
+        self._rate, self.current_step = rate, current_step
         return args
 
     def _store_outputs(self, results) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from cgvm.backend import host_array
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeNetError, CaffeParseError
+from cgvm.frontends.caffe.io import set_packed_floats
 from cgvm.frontends.caffe.prototxt import HDF5_SIGNATURE, blobproto_shape, read_net_binary, write_net_binary
 
 if TYPE_CHECKING:
@@ -191,9 +192,9 @@ def to_proto(net: "Net", write_diff: bool = False) -> caffe_pb2.NetParameter:
         for param in info.params:
             blob = layer.blobs.add()
             blob.shape.dim.extend(param.shape)
-            blob.data.extend(np.asarray(host_array(ws[param.name]), np.float32).ravel().tolist())
+            set_packed_floats(blob, "data", host_array(ws[param.name]))
             if write_diff:
-                blob.diff.extend(np.asarray(host_array(ws[param.diff_name]), np.float32).ravel().tolist())
+                set_packed_floats(blob, "diff", host_array(ws[param.diff_name]))
     return out
 
 
