@@ -367,3 +367,14 @@ def test_snapshot_of_a_big_layer_is_fast_and_exact(tmp_path):
     back.copy_from(str(tmp_path / "big.caffemodel"))
     np.testing.assert_array_equal(back.params["ip1"][0].data, net.params["ip1"][0].data)
     assert elapsed < 5.0, elapsed   # about 0.05 s; the old path took over a second even unloaded
+
+
+def test_im2col_kernel_is_checked_before_it_is_made(monkeypatch):
+    """Found by the fuzzer: Im2col builds a one-hot kernel of channels * taps**2 values at graph build."""
+    from fuzz.targets_caffe import ZOO_NET
+
+    monkeypatch.setenv("CGVM_MAX_BYTES", "64M")
+    huge = ZOO_NET.replace("convolution_param { kernel_size: 2 stride: 2 } }", "convolution_param { kernel_size: 2 "
+                           "kernel_size: 4000000000 stride: 2 } }")
+    with pytest.raises(ResourceLimitError, match="layer 'im2col' .Im2col.: the Im2col kernel"):
+        caffe.Net(huge, caffe.TEST)

@@ -213,7 +213,7 @@ class NetDataContext:
 def build_range(net: "Net", lo: int, hi: int, given: Optional[Dict[str, Value]] = None) -> RangeBuild:
     """Graph values of layers lo..hi. ``given`` (blob name -> Value) stands in for data layers'
     tops and for blobs read from outside the range (symbolic_net's inputs from other frontends)."""
-    from cgvm.errors import GraphBuildError
+    from cgvm.errors import GraphBuildError, ResourceLimitError
 
     given = given or {}
     build = RangeBuild()
@@ -238,7 +238,7 @@ def build_range(net: "Net", lo: int, hi: int, given: Optional[Dict[str, Value]] 
             with source_scope(info.where):
                 try:
                     tops = list(convert(info.param, bottoms, ctx))
-                except CaffeNetError:
+                except (CaffeNetError, ResourceLimitError):
                     raise
                 except (GraphBuildError, CgvmError) as exc:
                     raise CaffeNetError(_with_where(str(exc), info.where)) from exc

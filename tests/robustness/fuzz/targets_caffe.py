@@ -60,6 +60,37 @@ layer { name: "eltwise" type: "Eltwise" bottom: "h" bottom: "h" top: "sum" eltwi
 """
 
 
+ZOO_NET = """name: "zoo"
+layer { name: "data" type: "Input" top: "data" top: "ids" input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 dim: 3 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 pad: 1 stride: 1 group: 1 weight_filler { type: "msra" } bias_term: true } }
+layer { name: "deconv" type: "Deconvolution" bottom: "conv" top: "deconv" convolution_param { num_output: 2 kernel_size: 2 stride: 2 weight_filler { type: "bilinear" } } }
+layer { name: "pool" type: "Pooling" bottom: "deconv" top: "pool" pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 } }
+layer { name: "lrn" type: "LRN" bottom: "pool" top: "lrn" lrn_param { local_size: 3 alpha: 0.0001 beta: 0.75 } }
+layer { name: "bn" type: "BatchNorm" bottom: "lrn" top: "bn" }
+layer { name: "scale" type: "Scale" bottom: "bn" top: "scale" scale_param { bias_term: true } }
+layer { name: "prelu" type: "PReLU" bottom: "scale" top: "prelu" }
+layer { name: "elu" type: "ELU" bottom: "prelu" top: "elu" elu_param { alpha: 0.5 } }
+layer { name: "power" type: "Power" bottom: "elu" top: "power" power_param { power: 2 scale: 0.5 shift: 1 } }
+layer { name: "prod" type: "Eltwise" bottom: "power" bottom: "elu" top: "prod" eltwise_param { operation: PROD } }
+layer { name: "concat" type: "Concat" bottom: "prod" bottom: "power" top: "concat" concat_param { axis: 1 } }
+layer { name: "slice" type: "Slice" bottom: "concat" top: "s1" top: "s2" slice_param { axis: 1 slice_point: 1 } }
+layer { name: "spp" type: "SPP" bottom: "s2" top: "spp" spp_param { pyramid_height: 2 } }
+layer { name: "flat" type: "Flatten" bottom: "s1" top: "flat" }
+layer { name: "reshape" type: "Reshape" bottom: "flat" top: "reshape" reshape_param { shape { dim: 0 dim: -1 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "reshape" top: "ip" inner_product_param { num_output: 5 weight_filler { type: "xavier" variance_norm: AVERAGE } } }
+layer { name: "embed" type: "Embed" bottom: "ids" top: "embed" embed_param { num_output: 3 input_dim: 4 weight_filler { type: "uniform" min: -1 max: 1 } } }
+layer { name: "tile" type: "Tile" bottom: "ip" top: "tile" tile_param { axis: 1 tiles: 2 } }
+layer { name: "red" type: "Reduction" bottom: "tile" top: "red" reduction_param { operation: SUMSQ axis: 1 } }
+layer { name: "sm" type: "Softmax" bottom: "tile" top: "sm" }
+layer { name: "argmax" type: "ArgMax" bottom: "sm" top: "argmax" argmax_param { top_k: 2 } }
+layer { name: "mvn" type: "MVN" bottom: "spp" top: "mvn" }
+layer { name: "sig" type: "Sigmoid" bottom: "mvn" top: "sig" }
+layer { name: "im2col" type: "Im2col" bottom: "data" top: "cols" convolution_param { kernel_size: 2 stride: 2 } }
+layer { name: "crop" type: "Crop" bottom: "deconv" bottom: "conv" top: "crop" crop_param { axis: 2 offset: 1 } }
+layer { name: "silence" type: "Silence" bottom: "embed" }
+"""
+
+
 def _solver_text(net_line: str, kind: str = "SGD", extra: str = "", policy: str = 'lr_policy: "step"\nstepsize: 1') -> str:
     return (f'{net_line}\nbase_lr: 0.01\nmomentum: 0.9\nweight_decay: 0.0005\n{policy}\n'
             f'gamma: 0.5\nmax_iter: 4\ndisplay: 1\ntype: "{kind}"\nrandom_seed: 3\n{extra}')
@@ -130,7 +161,7 @@ def _guarded(load: Callable[[], None], fingerprint: Callable[[], str], put_back:
 
 def _prototxt_target() -> Target:
     def seeds(folder: Path) -> List[bytes]:
-        return [SMALL_NET.encode(), TRAIN_NET.encode(), LEGACY_NET.encode(), RECURRENT_NET.encode()]
+        return [SMALL_NET.encode(), TRAIN_NET.encode(), LEGACY_NET.encode(), RECURRENT_NET.encode(), ZOO_NET.encode()]
 
     def load(path: Path) -> None:
         from cgvm.frontends.caffe.pycaffe import TEST, Net
@@ -317,7 +348,8 @@ def _cli_target() -> Target:
         np.save(npy3, np.zeros((1, 8, 8), np.float32))
         mean = array_to_blobproto(np.full((1, 1, 8, 8), 0.5, np.float32)).SerializeToString()
         return [_png(8, 8, bytes(range(0, 256, 4))), npy.getvalue(), npy3.getvalue(), mean,
-                b"zero\none\ntwo\nthree\n", deploy.encode(), TRAIN_NET.encode()]
+                b"zero\none\ntwo\nthree\n", deploy.encode(), TRAIN_NET.encode(), TRAIN_NET.encode() + b"\n",
+                ZOO_NET.encode()]
 
     def load(path: Path) -> None:
         from cgvm import cli
@@ -331,8 +363,12 @@ def _cli_target() -> Target:
             argv = ["run", files["deploy"], "--weights", files["weights"], "--input", _renamed(path, ".npy")]
         elif b"layer" in data[:2000] or b"name:" in head:
             model = _renamed(path, ".prototxt")
-            argv = (["test", "--model", model, "--weights", files["train_weights"], "--iterations", "1"]
-                    if b"DummyData" in data else ["info", model, "--memory"])
+            if b"DummyData" not in data:
+                argv = ["info", model, "--memory"]
+            elif len(data) % 2:
+                argv = ["test", "--model", model, "--weights", files["train_weights"], "--iterations", "1"]
+            else:
+                argv = ["time", "--model", model, "--iterations", "1", "--no-progress"]
         elif b"\n" in data[:200] and not head.startswith(b"\x0a"):
             argv = ["run", files["deploy"], "--weights", files["weights"], "--input", files["png"],
                     "--labels", str(path)]
@@ -346,7 +382,7 @@ def _cli_target() -> Target:
             lines = err.getvalue().strip().splitlines()
             raise CgvmError(f"exit {code}: {lines[-1] if lines else '(no message)'}")
 
-    return Target("CLI run / test / info inputs", ".input", seeds, load)
+    return Target("CLI run / test / time / info inputs", ".input", seeds, load)
 
 
 def _renamed(path: Path, suffix: str) -> str:
