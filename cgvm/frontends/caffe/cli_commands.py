@@ -19,6 +19,7 @@ import numpy as np
 
 from cgvm.backend import host_array
 from cgvm.cli import UsageError, command, refuse_weights_file
+from cgvm.frontends.caffe.cli_inputs import int_list, load_npy, read_labels
 from cgvm.errors import BackendUnavailable, CgvmError
 
 # --------------------------------------------------------------------------- shared flags
@@ -374,7 +375,7 @@ def _classify(args: argparse.Namespace) -> int:
     transformer.set_raw_scale(name, args.raw_scale)
     transformer.set_input_scale(name, args.input_scale)
     if shape[1] == 3 and args.channel_swap:
-        transformer.set_channel_swap(name, _int_list(args.channel_swap, "--channel-swap"))
+        transformer.set_channel_swap(name, int_list(args.channel_swap, "--channel-swap"))
     if args.mean_file:
         from cgvm.frontends.caffe.prototxt import read_blobproto
 
@@ -391,7 +392,7 @@ def _classify(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise UsageError(f"--mean-value {args.mean_value!r}: give one number, or one per channel "
                              f"({shape[1]}): {exc}") from exc
-    labels = _read_labels(args.labels)
+    labels = read_labels(args.labels)
     batch = np.stack([_load_input(path, shape, transformer, name) for path in args.input])
     net.blobs[name].reshape(len(batch), *shape[1:])
     net.reshape()
@@ -411,7 +412,7 @@ def _load_input(path: str, shape, transformer, name: str) -> np.ndarray:
     if not os.path.isfile(path):
         raise CgvmError(f"input {path!r} not found")
     if path.endswith(".npy"):
-        array = _load_npy(path)
+        array = load_npy(path)
         if array.shape == tuple(shape[1:]):
             return array.astype(np.float32)   # already preprocessed (C, H, W)
         if array.ndim == 2:
@@ -424,48 +425,6 @@ def _load_input(path: str, shape, transformer, name: str) -> np.ndarray:
     if image.shape[-1] != shape[1]:
         image = image.mean(axis=-1, keepdims=True) if shape[1] == 1 else np.repeat(image[:, :, :1], shape[1], -1)
     return transformer.preprocess(name, image)
-
-
-def _load_npy(path: str) -> np.ndarray:
-    """A numeric .npy array; its header's shape is checked against the file's length before reading."""
-    from cgvm.env import check_bytes
-
-    try:
-        mapped = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as exc:   # numpy's ValueError / EOFError / tokenize.TokenError... on a corrupt header
-        raise CgvmError(f"{path}: not a readable NumPy .npy file ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(mapped, np.ndarray) or mapped.dtype.kind not in "biuf":
-        raise CgvmError(f"{path}: holds {getattr(mapped, 'dtype', type(mapped).__name__)} values; give a numeric "
-                        "array (an image: H x W [x K], or preprocessed C x H x W)")
-    check_bytes(mapped.size * 4, f"{path}: the input array")
-    try:
-        return np.array(mapped, dtype=np.float32)
-    except (ValueError, OSError) as exc:
-        raise CgvmError(f"{path}: cannot read the array ({exc})") from exc
-
-
-def _int_list(text: str, flag: str) -> tuple:
-    try:
-        return tuple(int(c) for c in text.split(","))
-    except ValueError:
-        raise UsageError(f"{flag} {text!r}: give comma-separated integers") from None
-
-
-def _read_labels(path: str) -> List[str]:
-    if not path:
-        return []
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except IsADirectoryError:
-        raise CgvmError(f"--labels {path}: this is a directory; give a text file, one class name per line") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise CgvmError(f"--labels {path}:{line}: not UTF-8 text; give a text file, one class name per line") \
-            from exc
-    return [line.strip() for line in text.splitlines()]
 
 
 # --------------------------------------------------------------------------- draw
