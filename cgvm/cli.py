@@ -3,19 +3,28 @@
 Core commands live here (compile, dis, info, bench, demo); frontends add theirs (the Caffe
 frontend adds train, test, time, run, draw, data) with cgvm.commands.command, which the
 frontends import instead of this module.
+
+Every command's cgvm error (and a missing or unreadable file) is printed as ``cgvm CMD: error:
+...`` with exit status 2 (``cgvm --debug CMD`` adds the traceback); a wrong option or value
+prints that command's usage; a closed pipe (``cgvm info ... | head``) ends quietly.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from typing import List, Optional
+import traceback
+from typing import Dict, List, Optional, Tuple
 
-from .commands import COMMANDS, command  # noqa: F401  (`command` re-exported: register a subcommand)
-from .errors import CgvmError
+from .commands import COMMANDS, UsageError, command, refuse_weights_file  # noqa: F401  (re-exported)
+from .errors import CgvmError, ConfigError
 
 
 def load_graph_file(path: str, args: argparse.Namespace):
     """A graph from a serialized cgvm graph, or from a Caffe prototxt when that frontend is present."""
+    refuse_weights_file(path)
+    if os.path.isdir(path):
+        raise UsageError(f"{path} is a directory; give a model file (.prototxt or .cgvm)")
     if path.endswith((".prototxt", ".pt")):
         from .frontends.caffe import graph_from_prototxt  # the Caffe frontend provides this hook
 
@@ -87,7 +96,19 @@ def _info(args: argparse.Namespace) -> int:
 
     from .compiler import run_passes
 
+    shapes = dict(_parse_shape(s) for s in args.shape)
     loaded = load_graph_file(args.model, args)
+    names = [v.name for v in loaded.inputs]
+    for name in shapes:
+        if name not in names:
+            raise UsageError(f"--shape {name}=...: the model has no input {name!r}; its inputs are "
+                             f"{', '.join(names) or '(none)'}")
+    if args.train and not args.memory:
+        raise UsageError("--train goes with --memory (the memory of a training step)")
+    if args.memory and args.train and args.model.endswith((".prototxt", ".pt")) and args.phase != "TRAIN":
+        print(f"cgvm info: note: --train differentiates the net of phase {args.phase} (the default); give "
+              "--phase TRAIN for the net as Caffe trains it (its TRAIN-phase layers, dropout and loss)",
+              file=sys.stderr)
     graph = run_passes(loaded)
     print(f"graph {graph.name}: {len(graph.inputs)} inputs, {len(graph.params)} parameters, "
           f"{len(graph.nodes)} nodes, {len(graph.outputs)} outputs")
@@ -101,15 +122,22 @@ def _info(args: argparse.Namespace) -> int:
         from .compiler.memory_report import format_report, memory_report
 
         recompute = None if args.recompute == "none" else args.recompute
-        report = memory_report(loaded, dict(_parse_shape(s) for s in args.shape),
-                               train=args.train, recompute=recompute)
+        report = memory_report(loaded, shapes, train=args.train, recompute=recompute)
         print("\n".join(format_report(report)))
     return 0
 
 
-def _parse_shape(text: str):
-    name, _, dims = text.partition("=")
-    return name, tuple(int(d) for d in dims.split(","))
+def _parse_shape(text: str) -> Tuple[str, Tuple[int, ...]]:
+    """``NAME=D0,D1,...`` (each D a non-negative integer); UsageError for anything else."""
+    name, sep, dims = text.partition("=")
+    try:
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape or any(d < 0 for d in shape):
+        raise UsageError(f"--shape {text!r}: write NAME=D0,D1,... with non-negative integer dimensions "
+                         "(e.g. --shape data=1,3,224,224)")
+    return name, shape
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
@@ -117,12 +145,26 @@ def _bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", default=None)
 
 
+def _find_benchmarks() -> Optional[str]:
+    """The source checkout that holds benchmarks/: the working directory, or the one this cgvm runs from."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for root in (os.getcwd(), here):
+        if os.path.isfile(os.path.join(root, "benchmarks", "__main__.py")):
+            return root
+    return None
+
+
 @command("bench", "run the benchmark suite beside the installed peers", _bench_args)
 def _bench(args: argparse.Namespace) -> int:
-    try:
-        from benchmarks.__main__ import main as bench_main
-    except ImportError:
-        raise CgvmError("the benchmarks live in the source checkout: run `python -m benchmarks` from it") from None
+    root = _find_benchmarks()
+    if root is None:
+        raise CgvmError("the benchmarks are not part of the installed package; they live in cgvm's source "
+                        "checkout: clone it, `pip install -e '.[test,interop]'` there, and run `cgvm bench` "
+                        "(or `python -m benchmarks`) from its root")
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks.__main__ import main as bench_main
+
     return bench_main((["--quick"] if args.quick else []) + (["--only", args.only] if args.only else []))
 
 
@@ -144,27 +186,85 @@ def _load_frontend_commands() -> None:
     from .frontends.caffe import cli_commands  # noqa: F401
 
 
+_SUBPARSERS: Dict[str, argparse.ArgumentParser] = {}
+
+
 def build_parser() -> argparse.ArgumentParser:
     _load_frontend_commands()
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="cgvm", description="Computational Graph Virtual Machine")
+    parser.add_argument("--version", action="version", version=f"cgvm {__version__}")
+    parser.add_argument("--debug", dest="debug_traceback", action="store_true",
+                        help="print the traceback of an error (after the command: the same)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, add_arguments, _) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_arguments(p)
+        if "--debug" not in p._option_string_actions:   # compile/dis/info's --debug also shows tracebacks
+            p.add_argument("--debug", dest="debug_traceback", action="store_true", default=argparse.SUPPRESS,
+                           help="print the traceback of an error")
+        _SUBPARSERS[name] = p
     return parser
+
+
+def check_backend_environment() -> None:
+    """CGVM_BACKEND, when set, must name a backend that can run here (else: an error that says how)."""
+    raw = os.environ.get("CGVM_BACKEND", "").strip()
+    if not raw:
+        return
+    from .backend import get_backend
+    from .errors import BackendUnavailable
+
+    try:
+        get_backend(raw)
+    except BackendUnavailable as exc:
+        raise ConfigError(f"CGVM_BACKEND={raw!r}: {exc}") from exc
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    sub = _SUBPARSERS[args.command]
+    if extra:
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    debug = bool(getattr(args, "debug_traceback", False) or getattr(args, "debug", False) is True)
     try:
-        return COMMANDS[args.command][2](args)
-    except CgvmError as exc:
-        print(f"cgvm {args.command}: error: {exc}", file=sys.stderr)
+        check_backend_environment()
+        code = COMMANDS[args.command][2](args)
+        sys.stdout.flush()   # inside the try: a reader that closed the pipe is noticed here
+        return code
+    except UsageError as exc:
+        sub.error(str(exc))   # the command's usage, then the message; exits 2
+    except (CgvmError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):
+            return _closed_pipe()
+        if debug:
+            traceback.print_exc()
+        print(f"cgvm {args.command}: error: {_describe(exc)}", file=sys.stderr)
         return 2
-    except FileNotFoundError as exc:
-        print(f"cgvm {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"cgvm {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, CgvmError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.filename and exc.strerror:   # IsADirectoryError, PermissionError...
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc) or type(exc).__name__
+
+
+def _closed_pipe() -> int:
+    """The reader went away (``| head``): stop quietly, and keep Python from complaining at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 141
 
 
 if __name__ == "__main__":

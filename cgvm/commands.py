@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Dict, Tuple
 
+from .errors import CgvmError
+
 AddArguments = Callable[[argparse.ArgumentParser], None]
 RunCommand = Callable[[argparse.Namespace], int]
 
@@ -21,3 +23,17 @@ def command(name: str, help: str, add_arguments: AddArguments) -> Callable[[RunC
         COMMANDS[name] = (help, add_arguments, fn)
         return fn
     return deco
+
+
+class UsageError(CgvmError):
+    """A command-line value that does not fit: the command line prints it with the command's usage."""
+
+
+WEIGHT_SUFFIXES = (".caffemodel", ".caffemodel.h5", ".solverstate", ".solverstate.h5", ".binaryproto")
+
+
+def refuse_weights_file(path: str, what: str = "a model") -> None:
+    """A trained-weights or state file given where a net definition is expected: say so."""
+    if str(path).endswith(WEIGHT_SUFFIXES):
+        raise UsageError(f"{path} holds trained weights or a solver state, not a net; give {what} "
+                         "(a .prototxt net definition or a .cgvm graph) here, and the weights with --weights")

@@ -88,3 +88,19 @@ class WorkspaceError(CgvmError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; we want the message as written
         return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(CgvmError):
+    """A setting (an environment variable, a command-line value) cannot be understood."""
+
+
+class ResourceLimitError(CgvmError):
+    """A file or definition asks for more memory than the configured limit (CGVM_MAX_BYTES)."""
+
+
+class LoadError(CgvmError):
+    """A file cannot be loaded; nothing was changed. Names the file and the part at fault."""
+
+
+class LoadTimeout(LoadError):
+    """Reading a file did not finish in time (a library call that never returned was stopped)."""

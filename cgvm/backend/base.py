@@ -56,7 +56,8 @@ def get_backend(name: Optional[str] = None) -> Backend:
     """The backend named ``name``, else ``$CGVM_BACKEND``, else NumPy. CuPy is imported lazily."""
     if isinstance(name, Backend):
         return name
-    name = (name or os.environ.get("CGVM_BACKEND") or "numpy").lower()
+    from_env = not name and bool((os.environ.get("CGVM_BACKEND") or "").strip())
+    name = (name or os.environ.get("CGVM_BACKEND", "").strip() or "numpy").lower()
     hit = _BACKENDS.get(name)
     if hit is not None:
         return hit
@@ -71,7 +72,8 @@ def get_backend(name: Optional[str] = None) -> Backend:
     else:
         from ..errors import BackendUnavailable
 
-        raise BackendUnavailable(f"unknown backend {name!r}; use 'numpy' or 'cupy'")
+        where = " (from the environment variable CGVM_BACKEND)" if from_env else ""
+        raise BackendUnavailable(f"unknown backend {name!r}{where}; use 'numpy' or 'cupy'")
     _BACKENDS[name] = hit
     return hit
 

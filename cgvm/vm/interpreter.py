@@ -13,6 +13,7 @@ import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..backend.threads import ensure_configured
+from ..env import check_bytes
 from ..errors import CgvmError, ExecutionError, InputError
 from ..ir.types import DType, TensorType
 from ..ops.kernels.scratch import aligned_empty
@@ -114,6 +115,7 @@ class Executable:
         views: Dict[int, Any] = {}
         if plan is not None:
             xp = self.backend.xp
+            check_bytes(int(sum(plan.storage_bytes)), f"{prog.name}: the memory plan ({len(plan.storage_bytes)} buffers)")
             buffers = [aligned_empty(xp, (max(b, 1),), xp.uint8) for b in plan.storage_bytes]
             for s, sid in enumerate(plan.storage):
                 if sid is not None and s not in plan.aliases:

@@ -18,7 +18,8 @@ from typing import Any, Iterator, List, Optional
 import numpy as np
 
 from cgvm.backend import host_array
-from cgvm.commands import command
+from cgvm.commands import UsageError, command, refuse_weights_file
+from cgvm.frontends.caffe.cli_inputs import int_list, load_npy, read_labels
 from cgvm.errors import BackendUnavailable, CgvmError
 
 # --------------------------------------------------------------------------- shared flags
@@ -42,7 +43,9 @@ def _runtime_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _backend(args: argparse.Namespace) -> str:
-    """"numpy", or "cupy" for --gpu (an error that says why when it cannot run)."""
+    """"numpy", or "cupy" for --gpu or CGVM_BACKEND=cupy (an error that says why when it cannot run)."""
+    if args.gpu is None and os.environ.get("CGVM_BACKEND", "").strip().lower() in ("cupy", "gpu", "cuda"):
+        args.gpu = "0"
     if args.gpu is None:
         return "numpy"
     from cgvm.backend import get_backend
@@ -56,10 +59,10 @@ def _backend(args: argparse.Namespace) -> str:
             print(f"cgvm: multi-GPU training is not supported; using GPU {ids[0]}", file=sys.stderr)
         cupy.cuda.Device(ids[0]).use()
     except BackendUnavailable as exc:
-        raise CgvmError(f"--gpu needs the CuPy backend: {exc}") from None
+        raise CgvmError(f"--gpu needs the CuPy backend: {exc}") from exc
     except Exception as exc:  # CuPy missing, or present without a driver/device
         raise CgvmError(f"--gpu needs CuPy and a CUDA device ({type(exc).__name__}: {exc}); "
-                        "install cgvm[gpu] on a machine with a GPU, or drop --gpu") from None
+                        "install cgvm[gpu] on a machine with a GPU, or drop --gpu") from exc
     from cgvm.frontends.caffe import pycaffe
 
     pycaffe._mode["backend"] = "cupy"
@@ -133,6 +136,7 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.weights and args.snapshot:
         raise CgvmError("give --weights or --snapshot, not both (a snapshot carries its own weights)")
+    refuse_weights_file(args.solver, "--solver a solver .prototxt")
     if not os.path.isfile(args.solver):
         raise CgvmError(f"solver file {args.solver!r} not found")
     backend = _backend(args)
@@ -150,8 +154,17 @@ def _train(args: argparse.Namespace) -> int:
                      allow_python_layers=args.allow_python_layers or None, level=args.level,
                      stages=tuple(_stages(args)))
         solver.on_iteration = progress.update
+        if args.snapshot:
+            solver._log(f"Restoring previous solver status from {args.snapshot}")
+            solver.restore(args.snapshot)
+            if solver.iter >= param.max_iter:
+                progress.close()
+                print(f"Nothing to train: the snapshot {args.snapshot} is at iteration {solver.iter} and the "
+                      f"solver's max_iter is {param.max_iter}; raise max_iter in {args.solver} to train on. "
+                      "The snapshot was left as it is.")
+                return 0
         try:
-            solver.solve(args.snapshot or None)
+            solver.solve(None)
         except KeyboardInterrupt:   # Caffe's default SIGINT effect: stop, keeping a snapshot
             progress.close()
             if param.snapshot_after_train:
@@ -185,12 +198,12 @@ def _test_args(p: argparse.ArgumentParser) -> None:
 def _test(args: argparse.Namespace) -> int:
     from cgvm.frontends.caffe.pycaffe import Net
 
+    refuse_weights_file(args.model, "--model a net .prototxt")
     backend = _backend(args)
     with _threads(args):
         net = Net(args.model, phase=args.phase or "TEST", level=args.level, stages=_stages(args), backend=backend,
                   allow_python_layers=args.allow_python_layers or None)
-        for path in (w for w in args.weights.split(",") if w):
-            net.copy_from(path)
+        net.copy_from(args.weights)   # a comma list: all or nothing
         last = len(net.layer_infos) - 1
         names = net.outputs
         sums = {}
@@ -229,6 +242,7 @@ def _time_args(p: argparse.ArgumentParser) -> None:
 def _time(args: argparse.Namespace) -> int:
     from cgvm.frontends.caffe.pycaffe import Net
 
+    refuse_weights_file(args.model, "--model a net .prototxt")
     backend = _backend(args)
     with _threads(args):
         net = Net(args.model, phase=args.phase or "TRAIN", level=args.level, stages=_stages(args), backend=backend,
@@ -346,6 +360,7 @@ def _classify(args: argparse.Namespace) -> int:
     from cgvm.frontends.caffe import io as cio
     from cgvm.frontends.caffe.pycaffe import Net
 
+    refuse_weights_file(args.model, "a deploy .prototxt")
     backend = _backend(args)
     net = Net(args.model, phase="TEST", weights=args.weights, backend=backend,
               allow_python_layers=args.allow_python_layers or None)
@@ -360,16 +375,24 @@ def _classify(args: argparse.Namespace) -> int:
     transformer.set_raw_scale(name, args.raw_scale)
     transformer.set_input_scale(name, args.input_scale)
     if shape[1] == 3 and args.channel_swap:
-        transformer.set_channel_swap(name, tuple(int(c) for c in args.channel_swap.split(",")))
+        transformer.set_channel_swap(name, int_list(args.channel_swap, "--channel-swap"))
     if args.mean_file:
         from cgvm.frontends.caffe.prototxt import read_blobproto
 
         mean = cio.blobproto_to_array(read_blobproto(args.mean_file))
-        transformer.set_mean(name, mean.reshape(mean.shape[-3:]))
+        try:
+            transformer.set_mean(name, mean.reshape(mean.shape[-3:]))
+        except ValueError as exc:
+            raise CgvmError(f"{args.mean_file}: a mean of shape {mean.shape} does not fit the input {shape}: "
+                            f"{exc}") from exc
     elif args.mean_value:
-        values = [float(v) for v in args.mean_value.split(",")]
-        transformer.set_mean(name, np.array(values * (shape[1] if len(values) == 1 else 1), np.float32))
-    labels = _read_labels(args.labels)
+        try:
+            values = [float(v) for v in args.mean_value.split(",")]
+            transformer.set_mean(name, np.array(values * (shape[1] if len(values) == 1 else 1), np.float32))
+        except ValueError as exc:
+            raise UsageError(f"--mean-value {args.mean_value!r}: give one number, or one per channel "
+                             f"({shape[1]}): {exc}") from exc
+    labels = read_labels(args.labels)
     batch = np.stack([_load_input(path, shape, transformer, name) for path in args.input])
     net.blobs[name].reshape(len(batch), *shape[1:])
     net.reshape()
@@ -389,7 +412,7 @@ def _load_input(path: str, shape, transformer, name: str) -> np.ndarray:
     if not os.path.isfile(path):
         raise CgvmError(f"input {path!r} not found")
     if path.endswith(".npy"):
-        array = np.load(path)
+        array = load_npy(path)
         if array.shape == tuple(shape[1:]):
             return array.astype(np.float32)   # already preprocessed (C, H, W)
         if array.ndim == 2:
@@ -402,13 +425,6 @@ def _load_input(path: str, shape, transformer, name: str) -> np.ndarray:
     if image.shape[-1] != shape[1]:
         image = image.mean(axis=-1, keepdims=True) if shape[1] == 1 else np.repeat(image[:, :, :1], shape[1], -1)
     return transformer.preprocess(name, image)
-
-
-def _read_labels(path: str) -> List[str]:
-    if not path:
-        return []
-    with open(path) as f:
-        return [line.strip() for line in f]
 
 
 # --------------------------------------------------------------------------- draw

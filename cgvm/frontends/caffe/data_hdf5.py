@@ -44,18 +44,19 @@ class HDF5DataLayer:
         self._load(self.file_order[0])
 
     def _load(self, index: int) -> None:
-        import h5py
+        from cgvm.env import max_bytes
+        from cgvm.errors import CgvmError
+        from cgvm.guard import call_with_deadline
 
         path = self.files[index]
         if not os.path.isfile(path):
             raise layer_error(self.ctx, self.layer,
                               f"HDF5 file {path!r} (listed in {self.layer.hdf5_data_param.source!r}) not found")
-        with h5py.File(path, "r") as f:
-            missing = [t for t in self.tops if t not in f]
-            if missing:
-                raise layer_error(self.ctx, self.layer, f"{path!r} has no dataset {missing[0]!r} (each top reads the "
-                                  f"dataset of its name; the file has {sorted(f.keys())})")
-            self.current = {t: np.asarray(f[t], dtype=np.float32) for t in self.tops}
+        try:   # in a guarded child: a corrupt file can send libhdf5 into a loop that never returns
+            self.current = call_with_deadline(read_datasets, path, self.tops, max_bytes(),
+                                              what=f"reading HDF5 data {path!r}", path=path)
+        except CgvmError as exc:
+            raise layer_error(self.ctx, self.layer, str(exc)) from exc
         rows = {len(a) for a in self.current.values()}
         if len(rows) != 1:
             raise layer_error(self.ctx, self.layer, f"the datasets of {path!r} have different numbers of rows {rows}")
@@ -73,10 +74,20 @@ class HDF5DataLayer:
                 "row_order": self.row_order.tolist()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        self.file_order = np.asarray(state["file_order"], np.int64)
-        self.file_pos = int(state["file_pos"])
+        """Resume at a saved read position (ValueError, and nothing changed, when it does not fit)."""
+        file_order = np.asarray(state["file_order"], np.int64)
+        file_pos = int(state["file_pos"])
+        if sorted(file_order.tolist()) != list(range(len(self.files))) or not 0 <= file_pos < len(self.files):
+            raise ValueError(f"saved file order {file_order.tolist()[:10]} / position {file_pos} do not fit the "
+                             f"{len(self.files)} files of {self.layer.hdf5_data_param.source!r}")
+        kept = (self.file_order, self.file_pos, self.current, self.rows, self.row_order, self.row)
+        self.file_order, self.file_pos = file_order, file_pos
         self._load(self.file_order[self.file_pos])
-        self.row, self.row_order = int(state["row"]), np.asarray(state["row_order"], np.int64)
+        row, row_order = int(state["row"]), np.asarray(state["row_order"], np.int64)
+        if sorted(row_order.tolist()) != list(range(self.rows)) or not 0 <= row <= self.rows:
+            self.file_order, self.file_pos, self.current, self.rows, self.row_order, self.row = kept
+            raise ValueError(f"saved row order / row {row} do not fit the {self.rows} rows of the current file")
+        self.row, self.row_order = row, row_order
 
     def next_batch(self) -> Dict[str, np.ndarray]:
         out = {t: np.empty((self.batch_size,) + a.shape[1:], np.float32) for t, a in self.current.items()}
@@ -98,6 +109,34 @@ class HDF5DataLayer:
                 out[t][i] = self.current[t][r]
             self.row += 1
         return out
+
+
+def read_datasets(path: str, tops: List[str], limit: int) -> Dict[str, np.ndarray]:
+    """The datasets named ``tops`` of one HDF5 file as float32 (checked: numeric, at most ``limit`` bytes)."""
+    import h5py
+
+    from cgvm.frontends.caffe.errors import CaffeParseError
+
+    try:
+        with h5py.File(path, "r") as f:
+            missing = [t for t in tops if t not in f]
+            if missing:
+                raise CaffeParseError(f"no dataset {missing[0]!r} (each top reads the dataset of its name; the "
+                                      f"file has {sorted(f.keys())})", filename=path)
+            total = 0
+            for t in tops:
+                dataset = f[t]
+                if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "biuf" or not dataset.shape:
+                    raise CaffeParseError(f"/{t} is not a numeric dataset with rows", filename=path)
+                total += int(np.prod(dataset.shape, dtype=object)) * 4
+                if total > limit:
+                    raise CaffeParseError(f"/{t}: the datasets need {total} bytes as float32, past the limit of "
+                                          f"{limit} (CGVM_MAX_BYTES)", filename=path)
+            return {t: np.asarray(f[t], dtype=np.float32) for t in tops}
+    except CaffeParseError:
+        raise
+    except Exception as exc:   # h5py's OSError / KeyError / RuntimeError on a corrupt file
+        raise CaffeParseError(f"cannot read HDF5 data: {type(exc).__name__}: {exc}", filename=path) from exc
 
 
 class HDF5OutputLayer:

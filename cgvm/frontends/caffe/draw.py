@@ -117,7 +117,7 @@ def draw_net(caffe_net: caffe_pb2.NetParameter, rankdir: str = "LR", ext: str = 
         done = subprocess.run([dot, f"-T{ext}"], input=source.encode(), capture_output=True, check=False,
                               timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise CaffeError(f"running Graphviz's dot failed: {exc}") from None
+        raise CaffeError(f"running Graphviz's dot failed: {exc}") from exc
     if done.returncode != 0:
         raise CaffeError(f"Graphviz's dot could not render .{ext}: {done.stderr.decode(errors='replace').strip()}")
     return done.stdout

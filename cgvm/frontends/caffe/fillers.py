@@ -7,7 +7,7 @@ n = fan_in (FAN_IN, the default), fan_out (FAN_OUT) or their mean (AVERAGE).
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -41,12 +41,44 @@ def _variance_n(param: caffe_pb2.FillerParameter, shape: Sequence[int]) -> float
     return fan_in
 
 
+def check_filler(param: Optional[caffe_pb2.FillerParameter], shape: Sequence[int],
+                 error: Callable[[str], Exception] = CaffeNetError) -> None:
+    """Raise ``error(message)`` unless ``param`` can fill a blob of ``shape``: a known type, finite
+    bounds in order, a non-negative std, a positive fan for xavier/msra (checked before any allocation)."""
+    if param is None:
+        return
+    kind = param.type
+    if kind not in FILLER_TYPES:
+        raise error(f"unknown filler type {kind!r}; Caffe's fillers are {', '.join(FILLER_TYPES)}")
+    if param.sparse >= 0 and kind != "gaussian" and param.HasField("sparse"):
+        raise error(f"filler {kind!r} does not take `sparse`; only gaussian fillers are sparse")
+    values = {"constant": ("value",), "uniform": ("min", "max"), "gaussian": ("mean", "std")}.get(kind, ())
+    for field in values:
+        if not math.isfinite(getattr(param, field)):
+            raise error(f"{kind} filler: {field} is {getattr(param, field)}; give a finite number")
+    if kind == "uniform" and param.min > param.max:
+        raise error(f"uniform filler: min {param.min:g} is above max {param.max:g}")
+    if kind == "gaussian" and param.std < 0:
+        raise error(f"gaussian filler: std {param.std:g} is negative")
+    if kind in ("xavier", "msra"):
+        try:
+            n = _variance_n(param, shape)
+        except OverflowError:
+            raise error(f"{kind} filler: the blob {tuple(shape)} is too large to compute its fan") from None
+        if not n > 0:
+            raise error(f"{kind} filler: the blob {tuple(shape)} has fan {n:g}, so its scale would divide by "
+                        "zero; give the layer a non-empty blob or another filler")
+    if kind == "bilinear" and (len(shape) != 4 or shape[2] != shape[3]):
+        raise error(f"the bilinear filler needs a 4-D blob with a square kernel, got {tuple(shape)}")
+
+
 def fill(param: Optional[caffe_pb2.FillerParameter], shape: Sequence[int],
          rng: np.random.Generator) -> np.ndarray:
     """A new float32 array of ``shape`` filled as ``param`` says (None: constant 0, Caffe's default)."""
     shape = tuple(int(d) for d in shape)
     if param is None:
         return np.zeros(shape, np.float32)
+    check_filler(param, shape)
     kind = param.type
     if param.sparse >= 0 and kind != "gaussian" and param.HasField("sparse"):
         raise CaffeNetError(f"filler {kind!r} does not take `sparse`; only gaussian fillers are sparse")

@@ -34,6 +34,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from cgvm.autodiff import grad_map
+from cgvm.env import check_bytes, env_flag, shape_bytes
 from cgvm.errors import CgvmError
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeNetError
@@ -57,7 +58,7 @@ class Net:
     Keywords beyond pycaffe's: ``workspace`` (share one with other nets: same-named params are
     then shared, as a solver's train and test nets), ``backend``, ``dtype`` (float32; float64 for
     gradient checks), ``seed`` (fillers and dropout), ``allow_python_layers`` (run the user's
-    code of ``type: "Python"`` layers; off unless asked, or CGVM_ALLOW_PYTHON_LAYERS=1).
+    code of ``type: "Python"`` layers; off unless asked, or CGVM_ALLOW_PYTHON_LAYERS=1/true/yes).
     """
 
     def __init__(self, network_file: Any, *args: Any, phase: Any = None, level: int = 0,
@@ -77,13 +78,19 @@ class Net:
         self.workspace = workspace if workspace is not None else Workspace(backend)
         self._rng = np.random.default_rng(seed)
         if allow_python_layers is None:
-            allow_python_layers = os.environ.get("CGVM_ALLOW_PYTHON_LAYERS", "") not in ("", "0")
+            allow_python_layers = env_flag("CGVM_ALLOW_PYTHON_LAYERS")
         self.allow_python_layers = bool(allow_python_layers)
         self.param, lines, self.filename = self._read(network_file, filename)
         self.phase = _phase(phase)
-        self._construct(lines, level, list(stages))
-        if weights:
-            self.copy_from(weights)
+        existing = set(self.workspace.keys())
+        try:
+            self._construct(lines, level, list(stages))
+            if weights:
+                self.copy_from(weights)
+        except BaseException:   # a shared workspace keeps nothing of a net that failed to build
+            for name in set(self.workspace.keys()) - existing:
+                del self.workspace[name]
+            raise
 
     # ------------------------------------------------------------------ construction
     @staticmethod
@@ -176,17 +183,31 @@ class Net:
         return f"#{self.id}:{blob}"
 
     def _setup(self) -> None:
-        """Shape every blob (data layers first fill), create learnable blobs, check every layer."""
+        """Shape every blob (data layers first fill), create learnable blobs, check every layer.
+
+        Nothing big is allocated before the whole net's size is known: the setup build records
+        its allocations (fillers, seeds, carried states) in order, the bytes of everything the
+        net will hold are checked against the memory limit, and only then are they made.
+        """
         ws = self.workspace
-        for info in self._layers:
-            if info.data is not None:
-                for name, shape in zip(info.tops, info.data.top_shapes()):
-                    ws.set(self._entry(name), np.zeros(shape, self.dtype))
+        itemsize = self.dtype.itemsize
+        data_tops = [(self._entry(name), tuple(int(d) for d in shape)) for info in self._layers
+                     if info.data is not None for name, shape in zip(info.tops, info.data.top_shapes())]
+        check_bytes(sum(shape_bytes(s, itemsize) for _, s in data_tops) * 2,
+                    f"{self.filename}: the net's data layers",
+                    parts=[(e.split(":", 1)[1], shape_bytes(s, itemsize)) for e, s in data_tops])
+        for entry, shape in data_tops:
+            ws.set(entry, np.zeros(shape, self.dtype))
         self._setting_up = True
+        self._deferred: List[Tuple[str, Tuple[int, ...], Any]] = []
         try:
             build = self._build(0, len(self._layers) - 1)
         finally:
             self._setting_up = False
+        deferred, self._deferred = self._deferred, []
+        self._check_size(build, data_tops, deferred)
+        for _, _, make in deferred:   # in the order the build asked: fillers draw from the net's generator
+            make()
         for info in self._layers:
             if len(info.param.param) > len(info.params):
                 raise CaffeNetError(f"{info.where}: {len(info.param.param)} param specs, but the layer has "
@@ -198,6 +219,30 @@ class Net:
             for t, name in enumerate(info.tops):
                 if info.loss_weights[t]:
                     ws[self._entry(name) + "@diff"][...] = info.loss_weights[t]
+
+    def _check_size(self, build: RangeBuild, data_tops, deferred) -> None:
+        """Refuse (ResourceLimitError) a net whose blobs, diffs and learnable blobs pass the memory limit."""
+        itemsize = self.dtype.itemsize
+        parts: Dict[str, int] = {}
+        for entry, shape in data_tops:
+            parts[entry.split(":", 1)[1]] = 2 * shape_bytes(shape, itemsize)
+        for name, shape, _ in deferred:
+            parts.setdefault(name, 2 * shape_bytes(shape, itemsize))
+        for (i, t, value) in build.versions:
+            shape = tuple(0 if d is None else int(d) for d in value.shape)
+            parts.setdefault(f"blob {self._layers[i].tops[t]!r} (layer '{self._layers[i].name}')",
+                             2 * shape_bytes(shape, itemsize))
+        #: bytes of the net's blobs, diffs and learnable blobs (a solver adds its histories to it)
+        self.bytes_needed = sum(parts.values())
+        check_bytes(self.bytes_needed, f"{self.filename}: the net (blobs, diffs and learnable blobs)",
+                    parts=parts.items())
+
+    def _defer(self, name: str, shape: Sequence[int], make: Any) -> None:
+        """At setup: make a workspace entry after the size check (``make()``), else now."""
+        if self._setting_up:
+            self._deferred.append((name, tuple(int(d) for d in shape), make))
+        else:
+            make()
 
     def _ensure_blob(self, entry: str, shape: Sequence[int]) -> None:
         ws = self.workspace

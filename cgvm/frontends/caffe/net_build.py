@@ -15,7 +15,7 @@ import numpy as np
 from cgvm.errors import CgvmError
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeNetError
-from cgvm.frontends.caffe.fillers import fill
+from cgvm.frontends.caffe.fillers import check_filler, fill
 from cgvm.frontends.caffe.layers import CONVERTERS
 from cgvm.ir import TensorType, Value, param_value, source_scope
 from cgvm.ops import elementwise as ew
@@ -140,26 +140,35 @@ class NetLayerContext:
         net._params[name] = param_info
         info.params.append(param_info)
         ws = net.workspace
-        if name in ws and tuple(ws[name].shape) == shape:
-            pass   # a workspace shared with another net already holds it: share
-        else:
-            if name in ws:
-                raise self.error(f"the workspace already holds {name!r} with shape {tuple(ws[name].shape)}; this "
-                                 f"layer needs {shape}")
-            try:
-                ws.set(name, fill(filler, shape, net._rng).astype(net.dtype, copy=False))
-            except CaffeNetError as exc:
-                raise self.error(str(exc)) from None
-        if name + "@diff" not in ws or tuple(ws[name + "@diff"].shape) != shape:
-            ws.set(name + "@diff", np.zeros(shape, net.dtype))
+        if name in ws and tuple(ws[name].shape) != shape:
+            raise self.error(f"the workspace already holds {name!r} with shape {tuple(ws[name].shape)}; this "
+                             f"layer needs {shape}")
+        check_filler(filler, shape, self.error)
+        where = self.error
+
+        def make() -> None:
+            if name not in ws:   # else a workspace shared with another net already holds it: share
+                try:
+                    ws.set(name, fill(filler, shape, net._rng).astype(net.dtype, copy=False))
+                except CaffeNetError as exc:
+                    raise where(str(exc)) from exc
+            if name + "@diff" not in ws or tuple(ws[name + "@diff"].shape) != shape:
+                ws.set(name + "@diff", np.zeros(shape, net.dtype))
+
+        net._defer(name, shape, make)
 
     def dropout_seed(self) -> Value:
-        entry = self.net._entry(self.info.name) + "@seed"
-        if self.net._setting_up:
+        net = self.net
+        entry = net._entry(self.info.name) + "@seed"
+        if net._setting_up:
             self.info.seed_entry = entry   # the net draws a new seed before each forward of this layer
-        if entry not in self.net.workspace:
-            self.net.workspace.set(entry, np.array(self.net._rng.integers(1 << 62), dtype=np.int64))
-        return self.net._leaf_value(self.build, entry, np.int64)
+        if entry not in net.workspace:
+            net._defer(entry, (), lambda: net.workspace.set(entry, np.array(net._rng.integers(1 << 62),
+                                                                            dtype=np.int64)))
+        hit = self.build.params.get(entry)
+        if hit is None:
+            hit = self.build.params[entry] = param_value(entry, TensorType((), np.int64))
+        return hit
 
     def update_state(self, target: Value, new_value: Value) -> None:
         self.build.state_updates[target.name] = new_value
@@ -174,11 +183,17 @@ class NetLayerContext:
             held = ws.get(entry)
             # setup, or a graph built for another batch size (a reshape): the state starts at zero
             if held is None or tuple(held.shape) != shape or held.dtype != dtype:
-                ws.set(entry, np.zeros(shape, dtype))
+                net._defer(entry, shape, lambda entry=entry: ws.set(entry, np.zeros(shape, dtype)))
         if net._setting_up:
             self.info.carried_states.append((initial, final))
         self.build.carried.append((initial, final, shape, dtype))
-        return net._leaf_value(self.build, initial), net._leaf_value(self.build, final)
+        values = []
+        for entry in (initial, final):
+            hit = self.build.params.get(entry)
+            if hit is None:
+                hit = self.build.params[entry] = param_value(entry, TensorType(shape, dtype))
+            values.append(hit)
+        return values[0], values[1]
 
     def python_layer(self) -> object:
         return self.info.python
@@ -198,7 +213,7 @@ class NetDataContext:
 def build_range(net: "Net", lo: int, hi: int, given: Optional[Dict[str, Value]] = None) -> RangeBuild:
     """Graph values of layers lo..hi. ``given`` (blob name -> Value) stands in for data layers'
     tops and for blobs read from outside the range (symbolic_net's inputs from other frontends)."""
-    from cgvm.errors import GraphBuildError
+    from cgvm.errors import GraphBuildError, ResourceLimitError
 
     given = given or {}
     build = RangeBuild()
@@ -223,10 +238,10 @@ def build_range(net: "Net", lo: int, hi: int, given: Optional[Dict[str, Value]] 
             with source_scope(info.where):
                 try:
                     tops = list(convert(info.param, bottoms, ctx))
-                except CaffeNetError:
+                except (CaffeNetError, ResourceLimitError):
                     raise
                 except (GraphBuildError, CgvmError) as exc:
-                    raise CaffeNetError(_with_where(str(exc), info.where)) from None
+                    raise CaffeNetError(_with_where(str(exc), info.where)) from exc
             if len(tops) != len(info.tops):
                 raise CaffeNetError(f"{info.where}: makes {len(tops)} top(s), the prototxt names "
                                     f"{len(info.tops)}")

@@ -216,6 +216,8 @@ def _read_text_file(path: PathLike) -> str:
         data = Path(path).read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"Caffe file not found: {name}") from None
+    except OSError as exc:   # a directory, no permission
+        raise CaffeParseError(f"cannot read the file: {exc.strerror or exc}", filename=name) from exc
     if data.startswith(HDF5_SIGNATURE) or b"\x00" in data[:4096]:
         raise CaffeParseError("this is a binary file, not prototxt text", filename=name,
                               hint="Binary weights (.caffemodel) are read with read_net_binary.")
@@ -227,14 +229,14 @@ def _read_text_file(path: PathLike) -> str:
         raise CaffeParseError(
             f"byte 0x{data[exc.start]:02x} is not UTF-8 text", filename=name, line=line,
             column=column, hint="Prototxt files are UTF-8 text; binary files use read_net_binary.",
-        ) from None
+        ) from exc
 
 
 def _parse_text(text: str, message: MessageT, filename: str) -> MessageT:
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as exc:
-        raise _text_error(exc, text, filename) from None
+        raise _text_error(exc, text, filename) from exc
     _check_required_fields(message, filename)
     return message
 
@@ -403,6 +405,8 @@ def _binary_source(source: BinarySource) -> tuple[bytes, str]:
         return Path(source).read_bytes(), name
     except FileNotFoundError:
         raise FileNotFoundError(f"Caffe file not found: {name}") from None
+    except OSError as exc:   # a directory, no permission
+        raise CaffeParseError(f"cannot read the file: {exc.strerror or exc}", filename=name) from exc
 
 
 def _looks_like_text(data: bytes) -> bool:
@@ -433,7 +437,7 @@ def _parse_binary(data: bytes, message: MessageT, filename: str, what: str) -> M
         raise CaffeParseError(
             f"cannot decode {what} ({len(data)} bytes): {exc}", filename=filename,
             hint="The file is truncated or corrupt, or holds another kind of message.",
-        ) from None
+        ) from exc
     _check_required_fields(message, filename)
     return message
 

@@ -22,7 +22,8 @@ TRAIN = caffe_pb2.TRAIN
 TEST = caffe_pb2.TEST
 __version__ = "1.0.0"
 
-_mode = {"backend": "numpy", "device": 0}
+#: backend None: $CGVM_BACKEND (checked: an unknown value is an error), else NumPy, until set_mode_* says
+_mode = {"backend": None, "device": 0}
 
 
 def set_mode_cpu() -> None:

@@ -11,6 +11,7 @@ a small JSON file beside it adds the random generators and data positions Caffe 
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -18,6 +19,8 @@ from collections import OrderedDict
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
+
+from cgvm.env import check_bytes, shape_bytes
 
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe import solver_state
@@ -83,6 +86,12 @@ class Solver:
             for net in [self.net] + self.test_nets:
                 net.copy_from(self._resolve(path))
         self._histories = su.history_names(self.type_name, [p.name for p in self.net.learnable_params])
+        history_bytes = sum(shape_bytes(p.shape, self.net.dtype.itemsize) * len(self._histories[p.name])
+                            for p in self.net.learnable_params)
+        check_bytes(history_bytes + sum(getattr(n, "bytes_needed", 0) for n in [self.net] + self.test_nets),
+                    f"{solver_file or '<solver>'}: the {self.type_name} solver (its nets and history blobs)",
+                    parts=[("history blobs", history_bytes)] +
+                          [(f"net {n.filename}", getattr(n, "bytes_needed", 0)) for n in [self.net] + self.test_nets])
         for p in self.net.learnable_params:
             for entry in self._histories[p.name]:
                 self.workspace.set(entry, np.zeros(p.shape, self.net.dtype))
@@ -200,11 +209,18 @@ class Solver:
                                            workspace=self.workspace, name=f"{self.net.name or 'net'}_accumulate")
 
     def _rate_args(self) -> List[np.ndarray]:
-        rate, self.current_step = su.learning_rate(self.param, self.iter, self.current_step)
-        self._rate = rate
-        args = [np.asarray(rate, self._dtype())]
-        if self.type_name == "Adam":
-            args.append(np.asarray(su.adam_correction(self.param, self.iter), self._dtype()))
+        try:
+            rate, current_step = su.learning_rate(self.param, self.iter, self.current_step)
+            if not math.isfinite(rate):
+                raise ValueError(f"the rate is {rate}")
+            args = [np.asarray(rate, self._dtype())]
+            if self.type_name == "Adam":
+                args.append(np.asarray(su.adam_correction(self.param, self.iter), self._dtype()))
+        except (ZeroDivisionError, OverflowError, ValueError) as exc:   # e.g. gamma ** iter past a float
+            raise CaffeError(f"{self.solver_file or '<solver>'}: lr_policy {self.param.lr_policy!r} at iteration "
+                             f"{self.iter} gives no learning rate ({type(exc).__name__}: {exc}); check base_lr, "
+                             "gamma, power, stepsize and the momentum values") from exc
+        self._rate, self.current_step = rate, current_step
         return args
 
     def _store_outputs(self, results) -> None:

@@ -16,7 +16,7 @@ from cgvm.backend import host_array
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe import solver_updates as su
 from cgvm.frontends.caffe import weights as _weights
-from cgvm.frontends.caffe.errors import CaffeError
+from cgvm.frontends.caffe.errors import CaffeError, CaffeParseError
 from cgvm.frontends.caffe.io import array_to_blobproto, blobproto_to_array
 from cgvm.frontends.caffe.prototxt import read_solver_state, write_solver_state
 
@@ -78,6 +78,26 @@ def _set_run_state(solver: "Solver", state: Dict[str, Any]) -> None:
         net._rng.bit_generator.state = saved["rng"]
 
 
+def _check_run_state(solver: "Solver", state: Any, path: str) -> Dict[str, Any]:
+    """The run-state JSON's structure checked before anything is applied (CaffeParseError naming the field)."""
+    def bad(field: str, why: str) -> CaffeParseError:
+        return CaffeParseError(f"{field}: {why}", filename=path,
+                               hint="delete this file to resume without the random and data positions")
+
+    if not isinstance(state, dict) or not isinstance(state.get("nets", []), list):
+        raise bad("nets", "expected an object with a list of nets")
+    nets = [solver.net] + solver.test_nets
+    for i, saved in enumerate(state.get("nets", [])[:len(nets)]):
+        if not isinstance(saved, dict) or not isinstance(saved.get("data"), dict) or "rng" not in saved:
+            raise bad(f"nets[{i}]", "expected an object with 'rng' and 'data'")
+        probe = type(nets[i]._rng.bit_generator)()
+        try:
+            probe.state = saved["rng"]
+        except (TypeError, ValueError, KeyError, OverflowError) as exc:
+            raise bad(f"nets[{i}].rng", f"not a {type(probe).__name__} state ({exc})") from exc
+    return state
+
+
 def _history_entries(solver: "Solver") -> List[Tuple[str, Tuple[int, ...]]]:
     """History entries in Caffe's order: every param's first history, then every param's second."""
     params = solver.net.learnable_params
@@ -90,39 +110,135 @@ def _history_arrays(solver: "Solver") -> List[np.ndarray]:
 
 
 def restore(solver: "Solver", state_file: str) -> None:
-    """Load a .solverstate (or .solverstate.h5): iteration, lr position, weights and histories."""
-    if not os.path.isfile(state_file):
-        raise FileNotFoundError(f"Could not open file {state_file}")
-    if state_file.endswith(".h5"):
-        import h5py
+    """Load a .solverstate (or .solverstate.h5): iteration, lr position, weights and histories.
 
-        with h5py.File(state_file, "r") as f:
-            iteration, current_step = int(f["iter"][()]), int(f["current_step"][()]) if "current_step" in f else 0
-            learned = f["learned_net"][()] if "learned_net" in f else b""
-            learned = learned.decode() if isinstance(learned, bytes) else str(learned)
-            group = f.get("history")
-            histories = [np.asarray(group[str(i)]) for i in range(len(group))] if group is not None else []
+    Everything is read and checked first (the state, the weights it names, the run-state JSON);
+    the solver changes only when all of it fits, so a failed restore leaves it as it was.
+    """
+    if not os.path.exists(state_file):
+        raise FileNotFoundError(f"Could not open file {state_file}")
+    if os.path.isdir(state_file):
+        raise CaffeParseError("this is a directory, not a solver state", filename=state_file)
+    if state_file.endswith(".h5"):
+        import h5py  # noqa: F401  (imported here once, not again in every guarded reader)
+
+        from cgvm.env import max_bytes
+        from cgvm.guard import call_with_deadline
+
+        iteration, current_step, learned, histories = call_with_deadline(
+            read_hdf5_state, state_file, max_bytes(), what=f"{state_file}: reading the HDF5 solver state",
+            path=state_file)
     else:
         msg = read_solver_state(state_file)
         iteration, current_step, learned = msg.iter, msg.current_step, msg.learned_net
+        if isinstance(learned, bytes):   # protobuf hands back bytes that are not UTF-8
+            raise CaffeParseError(f"learned_net {learned[:80]!r} is not UTF-8 text", filename=state_file)
         histories = [blobproto_to_array(b) for b in msg.history]
+    if iteration < 0 or current_step < 0:
+        raise CaffeParseError(f"iter {iteration} / current_step {current_step}: negative", filename=state_file)
     entries = _history_entries(solver)
     if len(histories) != len(entries):
         raise CaffeError(f"{state_file}: the state holds {len(histories)} history blobs; this {solver.type_name} "
                          f"solver needs {len(entries)} (is it from another solver type or net?)")
     staged = []
-    for (entry, shape), array in zip(entries, histories):
+    for index, ((entry, shape), array) in enumerate(zip(entries, histories)):
         if int(np.prod(array.shape)) != int(np.prod(shape)):
-            raise CaffeError(f"{state_file}: history blob for {entry!r} has shape {array.shape}, "
+            raise CaffeError(f"{state_file}: history blob {index} (for {entry!r}) has shape {array.shape}, "
                              f"the net needs {shape}")
         staged.append((entry, np.asarray(array, solver._dtype()).reshape(shape)))
+    weights: Dict[str, np.ndarray] = {}
     if learned:
         path = learned if os.path.exists(learned) else os.path.join(os.path.dirname(state_file),
                                                                      os.path.basename(learned))
-        solver.net.copy_from(path)
+        for part in _weights.stage_weights(solver.net, path).values():
+            weights.update(part)
+    run_state = None
+    if os.path.isfile(state_file + RUN_STATE_SUFFIX):
+        run_file = state_file + RUN_STATE_SUFFIX
+        try:
+            with open(run_file, "rb") as f:
+                run_state = json.loads(f.read().decode("utf-8"))
+        except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+            raise CaffeParseError(f"not JSON: {exc}", filename=run_file) from exc
+        run_state = _check_run_state(solver, run_state, run_file)
+    _commit(solver, weights, staged, iteration, current_step, run_state, state_file)
+
+
+def _commit(solver: "Solver", weights, staged, iteration: int, current_step: int, run_state, state_file) -> None:
+    """Swap the checked state in; a run state a data layer refuses puts everything back."""
+    nets = [solver.net] + solver.test_nets
+    before_data = [{info.name: info.data.get_state() for info in net.layer_infos
+                    if info.data is not None and hasattr(info.data, "get_state")} for net in nets]
+    before_rng = [net._rng.bit_generator.state for net in nets]
+    if run_state is not None:
+        try:
+            _set_run_state(solver, run_state)
+        except Exception as exc:   # a data position that does not fit this net: roll back
+            for net, data, rng in zip(nets, before_data, before_rng):
+                for info in net.layer_infos:
+                    if info.name in data:
+                        info.data.set_state(data[info.name])
+                net._rng.bit_generator.state = rng
+            raise CaffeParseError(f"the data positions do not fit this net: {type(exc).__name__}: {exc}",
+                                  filename=state_file + RUN_STATE_SUFFIX) from exc
+    _weights.commit_weights(solver.net, weights)
     for entry, array in staged:
         solver.workspace.set(entry, array)
     solver.iter, solver.current_step = iteration, current_step
-    if os.path.isfile(state_file + RUN_STATE_SUFFIX):
-        with open(state_file + RUN_STATE_SUFFIX) as f:
-            _set_run_state(solver, json.load(f))
+
+
+def read_hdf5_state(path: str, limit: int) -> Tuple[int, int, str, List[np.ndarray]]:
+    """(iter, current_step, learned_net, history arrays) of an HDF5 .solverstate (run in a guarded child).
+
+    Every dataset's type and size is checked before it is read; CaffeParseError names the dataset.
+    """
+    import h5py
+
+    where = "/"
+    try:
+        with h5py.File(path, "r") as f:
+            def scalar(name: str, default: Any = None) -> int:
+                if name not in f:
+                    if default is None:
+                        raise CaffeParseError(f"no /{name} dataset: not a Caffe HDF5 solver state", filename=path)
+                    return default
+                dataset = f[name]
+                if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "iu" or dataset.size != 1:
+                    raise CaffeParseError(f"/{name} is not an integer scalar", filename=path)
+                return int(np.asarray(dataset[()]).reshape(()))
+
+            where = "/iter"
+            iteration = scalar("iter")
+            where = "/current_step"
+            current_step = scalar("current_step", 0)
+            where = "/learned_net"
+            learned = ""
+            if "learned_net" in f:
+                dataset = f["learned_net"]
+                if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "SOU" or dataset.size != 1:
+                    raise CaffeParseError("/learned_net is not a string", filename=path)
+                raw = np.asarray(dataset[()]).reshape(()).item()
+                learned = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+            where = "/history"
+            histories: List[np.ndarray] = []
+            group = f.get("history")
+            if group is not None:
+                if not isinstance(group, h5py.Group):
+                    raise CaffeParseError("/history is not a group", filename=path)
+                total = 0
+                for i in range(len(group)):
+                    where = f"/history/{i}"
+                    dataset = group.get(str(i))
+                    if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "fiu":
+                        raise CaffeParseError(f"{where} is missing or not a numeric dataset", filename=path)
+                    total += int(np.prod(dataset.shape, dtype=object)) * dataset.dtype.itemsize
+                    if total > limit:
+                        raise CaffeParseError(f"{where}: the histories need {total} bytes, past the limit of "
+                                              f"{limit} (CGVM_MAX_BYTES)", filename=path)
+                    histories.append(np.asarray(dataset[()]))
+    except CaffeParseError:
+        raise
+    except Exception as exc:   # h5py's KeyError / OSError / RuntimeError / ValueError on a corrupt file
+        raise CaffeParseError(f"cannot read the HDF5 solver state at {where}: {type(exc).__name__}: {exc}",
+                              filename=path) from exc
+    return iteration, current_step, learned, histories

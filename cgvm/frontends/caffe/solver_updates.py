@@ -89,6 +89,9 @@ def check_solver_param(param: caffe_pb2.SolverParameter, kind: str) -> None:
         raise CaffeError(f"RMSProp needs 0 <= rms_decay < 1, got {param.rms_decay}")
     if param.regularization_type not in ("L1", "L2"):
         raise CaffeError(f"unknown regularization_type {param.regularization_type!r}; use \"L1\" or \"L2\"")
+    if kind == "Adam" and not (0 <= param.momentum < 1 and 0 <= param.momentum2 < 1):
+        raise CaffeError(f"Adam needs 0 <= momentum < 1 and 0 <= momentum2 < 1 (its bias correction divides by "
+                         f"1 - momentum**t), got momentum {param.momentum}, momentum2 {param.momentum2}")
     if param.iter_size < 1:
         raise CaffeError(f"iter_size must be >= 1, got {param.iter_size}")
     if param.average_loss < 1:

@@ -16,6 +16,7 @@ import numpy as np
 from cgvm.backend import host_array
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.errors import CaffeNetError, CaffeParseError
+from cgvm.frontends.caffe.io import set_packed_floats
 from cgvm.frontends.caffe.prototxt import HDF5_SIGNATURE, blobproto_shape, read_net_binary, write_net_binary
 
 if TYPE_CHECKING:
@@ -37,19 +38,45 @@ def _blob_array(blob: caffe_pb2.BlobProto) -> np.ndarray:
 
 
 def _is_hdf5(path: str) -> bool:
-    with open(path, "rb") as stream:
-        return stream.read(8) == HDF5_SIGNATURE
+    try:
+        with open(path, "rb") as stream:
+            return stream.read(8) == HDF5_SIGNATURE
+    except IsADirectoryError:
+        raise CaffeParseError("this is a directory, not a weights file", filename=path) from None
+    except OSError as exc:
+        raise CaffeParseError(f"cannot read the file: {exc}", filename=path) from exc
 
 
 def copy_from(net: "Net", path: str) -> None:
-    """Load weights by layer name from a .caffemodel (binary) or an HDF5 weights file."""
-    for part in str(path).split(","):   # Caffe accepts comma-separated lists
-        if not os.path.isfile(part):
+    """Load weights by layer name from a .caffemodel (binary) or an HDF5 weights file.
+
+    ``path`` may be a comma-separated list (as Caffe accepts): every file is read and checked
+    first, later files overriding earlier ones; the net changes only when all of them fit.
+    """
+    staged: Dict[str, np.ndarray] = {}
+    for part in stage_weights(net, path).values():
+        staged.update(part)
+    commit_weights(net, staged)
+
+
+def stage_weights(net: "Net", path: str) -> Dict[str, Dict[str, np.ndarray]]:
+    """Every file of the comma list ``path`` read and checked against ``net``: file -> {entry: array}.
+    Nothing of the net changes; raise (a CaffeError naming the file and layer) when one does not fit."""
+    parts = [p for p in str(path).split(",") if p] or [str(path)]
+    for part in parts:
+        if not os.path.exists(part):
             raise FileNotFoundError(f"Could not open file {part}")
-        staged = _stage_hdf5(net, part) if _is_hdf5(part) else _stage_caffemodel(net, part)
-        ws = net.workspace
-        for name, array in staged.items():
-            ws[name][...] = array
+    staged: Dict[str, Dict[str, np.ndarray]] = {}
+    for part in parts:
+        staged[part] = _stage_hdf5(net, part) if _is_hdf5(part) else _stage_caffemodel(net, part)
+    return staged
+
+
+def commit_weights(net: "Net", staged: Dict[str, np.ndarray]) -> None:
+    """Write checked arrays into the net's learnable blobs (shapes were checked by staging)."""
+    ws = net.workspace
+    for name, array in staged.items():
+        ws[name][...] = array
 
 
 def _layer_params(net: "Net") -> Dict[str, list]:
@@ -79,36 +106,77 @@ def _stage_caffemodel(net: "Net", path: str) -> Dict[str, np.ndarray]:
     return staged
 
 
-def _stage_hdf5(net: "Net", path: str) -> Dict[str, np.ndarray]:
+def read_hdf5_groups(path: str, group_name: str, wanted: List[str], limit: int) -> Dict[str, Dict[str, np.ndarray]]:
+    """``/<group_name>/<layer>/<i>`` datasets of the layers in ``wanted`` as arrays (run in a guarded child).
+
+    Each dataset must be numeric and the total at most ``limit`` bytes, checked before it is read.
+    Raises CaffeParseError naming the dataset; h5py's own errors are chained.
+    """
     import h5py
 
-    staged: Dict[str, np.ndarray] = {}
-    targets = _layer_params(net)
+    out: Dict[str, Dict[str, np.ndarray]] = {}
+    total = 0
+    where = f"/{group_name}"
     try:
         with h5py.File(path, "r") as handle:
-            data = handle["data"]
-            for layer_name in data:
-                params = targets.get(layer_name)
-                if params is None:
+            group = handle.get(group_name)
+            if not isinstance(group, h5py.Group):
+                raise CaffeParseError(f"no {where} group: not Caffe HDF5 weights", filename=path)
+            for layer_name in list(group.keys()):
+                if layer_name not in wanted:
                     continue
-                group = data[layer_name]
-                stored = sorted(group.keys(), key=int)
-                if len(stored) > len(params):
-                    raise CaffeNetError(f"{path}: layer '{layer_name}' has {len(stored)} blobs in the file, the net "
-                                        f"has {len(params)}")
-                for index, param in enumerate(params):
-                    key = str(index)
-                    if key not in group:
-                        if param.layer != layer_name:
-                            continue   # shared, owned by another layer
-                        raise CaffeNetError(f"{path}: layer '{layer_name}' lacks blob {index}")
-                    array = np.asarray(group[key])
-                    if tuple(array.shape) != param.shape:
-                        raise CaffeNetError(f"{path}: cannot copy param {index} weights from layer '{layer_name}': "
-                                            f"shape {tuple(array.shape)} in the file, the net needs {param.shape}")
-                    staged[param.name] = array.astype(net.dtype)
-    except (OSError, KeyError) as exc:
-        raise CaffeParseError(f"cannot read HDF5 weights: {exc}", filename=path) from None
+                where = f"/{group_name}/{layer_name}"
+                layer_group = group[layer_name]
+                if not isinstance(layer_group, h5py.Group):
+                    raise CaffeParseError(f"{where} is not a group of blobs", filename=path)
+                blobs: Dict[str, np.ndarray] = {}
+                for key in list(layer_group.keys()):
+                    where = f"/{group_name}/{layer_name}/{key}"
+                    if not key.isdigit():
+                        raise CaffeParseError(f"{where}: blob names are 0, 1, ...", filename=path)
+                    dataset = layer_group[key]
+                    if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "fiu":
+                        raise CaffeParseError(f"{where} is not a numeric dataset", filename=path)
+                    total += int(np.prod(dataset.shape, dtype=object)) * dataset.dtype.itemsize
+                    if total > limit:
+                        raise CaffeParseError(f"{where}: the datasets need {total} bytes, past the limit of "
+                                              f"{limit} (CGVM_MAX_BYTES)", filename=path)
+                    blobs[key] = np.asarray(dataset[()])
+                out[layer_name] = blobs
+    except CaffeParseError:
+        raise
+    except Exception as exc:   # h5py's KeyError / OSError / RuntimeError / ValueError on a corrupt file
+        raise CaffeParseError(f"cannot read HDF5 weights at {where}: {type(exc).__name__}: {exc}",
+                              filename=path) from exc
+    return out
+
+
+def _stage_hdf5(net: "Net", path: str) -> Dict[str, np.ndarray]:
+    import h5py  # noqa: F401  (imported here once, not again in every guarded reader)
+
+    from cgvm.env import max_bytes
+    from cgvm.guard import call_with_deadline
+
+    targets = _layer_params(net)
+    layers = call_with_deadline(read_hdf5_groups, path, "data", list(targets), max_bytes(),
+                                what=f"{path}: reading HDF5 weights", path=path)
+    staged: Dict[str, np.ndarray] = {}
+    for layer_name, group in layers.items():
+        params = targets[layer_name]
+        if len(group) > len(params):
+            raise CaffeNetError(f"{path}: layer '{layer_name}' has {len(group)} blobs in the file, the net "
+                                f"has {len(params)}")
+        for index, param in enumerate(params):
+            key = str(index)
+            if key not in group:
+                if param.layer != layer_name:
+                    continue   # shared, owned by another layer
+                raise CaffeNetError(f"{path}: layer '{layer_name}' lacks blob {index}")
+            array = group[key]
+            if tuple(array.shape) != param.shape:
+                raise CaffeNetError(f"{path}: cannot copy param {index} weights from layer '{layer_name}': "
+                                    f"shape {tuple(array.shape)} in the file, the net needs {param.shape}")
+            staged[param.name] = array.astype(net.dtype)
     return staged
 
 
@@ -124,9 +192,9 @@ def to_proto(net: "Net", write_diff: bool = False) -> caffe_pb2.NetParameter:
         for param in info.params:
             blob = layer.blobs.add()
             blob.shape.dim.extend(param.shape)
-            blob.data.extend(np.asarray(host_array(ws[param.name]), np.float32).ravel().tolist())
+            set_packed_floats(blob, "data", host_array(ws[param.name]))
             if write_diff:
-                blob.diff.extend(np.asarray(host_array(ws[param.diff_name]), np.float32).ravel().tolist())
+                set_packed_floats(blob, "diff", host_array(ws[param.diff_name]))
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from cgvm.frontends.caffe import caffe_pb2
-from cgvm.frontends.caffe.fillers import fill
+from cgvm.frontends.caffe.fillers import check_filler, fill
 from cgvm.frontends.caffe.layers.base import DataContext, register_data_layer
 
 Shape = Tuple[int, ...]
@@ -63,6 +63,10 @@ class DummyDataLayer:
             shapes = [tuple(int(v[i]) for v in legacy) for i in range(tops)]
         fillers: List[Optional[caffe_pb2.FillerParameter]]
         fillers = _per_top(param.data_filler, tops, "data_filler", ctx) if param.data_filler else [None] * tops
+        for shape, filler in zip(shapes, fillers):
+            if any(d < 0 for d in shape):
+                raise ctx.error(f"dummy data shape {shape} has a negative dimension")
+            check_filler(filler, shape, ctx.error)
         self._names = list(layer.top)
         self._shapes = shapes
         self._fillers = fillers

@@ -12,6 +12,8 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from cgvm.env import check_bytes
+
 from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.layers.base import LayerContext, canonical_axis, count, need_bottoms, register
 from cgvm.ir import Value
@@ -132,6 +134,8 @@ def im2col(layer, bottoms, ctx):
     nsp = x.ndim - axis - 1
     kernel, stride, pad, dilation = conv_geometry(param, nsp, ctx)
     channels, taps = int(x.shape[axis]), math.prod(kernel)
+    # the one-hot kernel is channels * taps**2 values, made now: checked before it is allocated
+    check_bytes(channels * taps * taps * x.dtype.np.itemsize, f"{ctx.where}: the Im2col kernel of {kernel}")
     picks = np.zeros((channels * taps, 1) + kernel, dtype=x.dtype.np)
     flat = picks.reshape(channels, taps, taps)
     flat[:] = np.eye(taps, dtype=x.dtype.np)
