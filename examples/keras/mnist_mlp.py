@@ -14,6 +14,6 @@ model.summary()
 model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy", metrics=["accuracy"])
 model.fit(x, y, epochs=5, batch_size=64, validation_split=0.2)
 print("test loss, accuracy:", model.evaluate(x[-300:], y[-300:], verbose=0))
-model.save("/tmp/digits_mlp.keras")
+model.save("digits_mlp.keras")  # under the working directory
 print("reloaded predicts the same:",
-      np.allclose(keras.load_model("/tmp/digits_mlp.keras").predict(x[:8], verbose=0), model.predict(x[:8], verbose=0)))
+      np.allclose(keras.load_model("digits_mlp.keras").predict(x[:8], verbose=0), model.predict(x[:8], verbose=0)))
