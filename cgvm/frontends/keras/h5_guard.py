@@ -51,7 +51,11 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, h5_worker.__file__], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         self.pid = os.getpid()
-        self._receive(120.0)  # the ready frame (h5py imported)
+        try:
+            self._receive(120.0)  # the ready frame (h5py imported)
+        except BaseException:
+            self.kill()
+            raise
 
     def alive(self) -> bool:
         return self.pid == os.getpid() and self.proc.poll() is None
@@ -61,10 +65,17 @@ class _Worker:
         try:
             self.proc.stdin.write(struct.pack("<Q", len(payload)) + payload)
             self.proc.stdin.flush()
+            reply = self._receive(timeout)
         except (BrokenPipeError, OSError) as exc:
             self.kill()
             raise _Timeout("the HDF5 worker stopped") from exc
-        return self._receive(timeout)
+        except BaseException:  # interrupted (Ctrl-C, an alarm) between request and reply: out of step now
+            self.kill()
+            raise
+        if not isinstance(reply, tuple) or not reply or reply[0] not in ("ok", "error"):
+            self.kill()
+            raise _Timeout("the HDF5 worker answered out of protocol")
+        return reply
 
     def _receive(self, timeout: float) -> Any:
         head = self._read_exactly(8, timeout)
@@ -235,7 +246,7 @@ def open_h5(source: Union[str, bytes], name: str) -> Iterator[H5Snapshot]:
                 raise KerasConfigError(f"{name}: the HDF5 library gave no answer {doing} ({exc}); the file is "
                                        "corrupt (or raise CGVM_HDF5_TIMEOUT for a very slow disk)") from exc
             if reply[0] == "error":
-                _, where, exc_name, message = reply
+                _, where, exc_name, message = (tuple(reply) + ("", "", ""))[:4]
                 raise KerasConfigError(f"{name}: HDF5 object {where!r} cannot be read {doing}: {exc_name}: "
                                        f"{message}") from _cause(exc_name, message)
             return reply[1]

@@ -5,7 +5,8 @@
   layers built while loading one file ask for, so a config with ``units = 10**12`` is refused with
   the bytes it needs before NumPy is asked for them.
 - ``hdf5_timeout(size)``: how long the HDF5 worker may take (``CGVM_HDF5_TIMEOUT`` seconds; default
-  10 s plus 1 s per 50 MB of file).
+  5 s plus 1 s per 50 MB of file: libhdf5 reads a small file
+  in milliseconds).
 - ``parse_json(text, what)``: ``json.loads`` with the nesting depth checked first (deep nesting
   would exhaust Python's stack) and every failure a ``KerasConfigError`` naming ``what``.
 
@@ -54,7 +55,7 @@ def hdf5_timeout(file_bytes: int) -> float:
         if not value > 0 or not math.isfinite(value):
             raise KerasConfigError(f"CGVM_HDF5_TIMEOUT={raw!r} is not a positive number of seconds")
         return value
-    return 10.0 + file_bytes / 50e6
+    return 5.0 + file_bytes / 50e6
 
 
 _budget: List[Optional[List[int]]] = [None]  # [used bytes, limit] while a file loads
