@@ -10,6 +10,7 @@ from the worker's report) as the cause.
 """
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import pickle
@@ -111,10 +112,34 @@ class _Worker:
             self.proc.wait(5)
         except Exception:
             pass
+        self._close_pipes()
+
+    def stop(self) -> None:
+        """End the worker the polite way (its stdin closes, it returns), at exit."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(2)
+        except Exception:
+            self.kill()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            try:
+                pipe.close()
+            except Exception:
+                pass
 
 
 _worker: List[Optional[_Worker]] = [None]
 _lock = threading.Lock()
+
+
+@atexit.register
+def _stop_worker() -> None:
+    w = _worker[0]
+    if w is not None and w.pid == os.getpid():
+        w.stop()
 
 
 def _get_worker() -> Optional[_Worker]:

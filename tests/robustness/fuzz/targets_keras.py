@@ -40,6 +40,7 @@ def _cgvm_models() -> List[Any]:
     e = L.Embedding(10, 3, mask_zero=True)(ids)
     r = L.LSTM(2)(e)
     rnn = keras.Model(ids, L.Dense(1)(r), name="fz_rnn")
+    seq.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])  # a compile_config too
     return [seq, func, rnn]
 
 
@@ -56,6 +57,7 @@ def _keras_models(keras: Any) -> List[Any]:
     L = keras.layers
     seq = keras.Sequential([keras.Input((6,)), L.Dense(4, activation="relu"), L.BatchNormalization(),
                             L.Dense(3, activation="softmax")], name="kz_seq")
+    seq.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     x = keras.Input((8, 8, 1))
     h = L.Conv2D(2, 3, padding="same")(x)
     h = L.MaxPooling2D()(h)
@@ -94,7 +96,7 @@ def _load_model(path: Path) -> Any:
     keras = _ckeras()
     ws = _fresh_workspace()
     try:
-        return keras.load_model(path, compile=False)
+        return keras.load_model(path)
     except BaseException as exc:
         if len(ws):
             raise PartialLoad(f"the failed load left {len(ws)} workspace entries") from exc
