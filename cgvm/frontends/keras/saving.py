@@ -89,8 +89,9 @@ def save_model(model: Any, filepath: Any, overwrite: bool = True, **kwargs: Any)
         z.writestr("model.weights.h5", buffer.getvalue())
 
 
+#: what a config value of the wrong type or size makes layer code raise while the model is built
 _MALFORMED = (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, ZeroDivisionError,
-              RecursionError)
+              RecursionError, NotImplementedError)
 
 
 def _safe_mode(value: Any) -> bool:
