@@ -318,6 +318,18 @@ def test_hdf5_read_past_its_time_is_an_error_not_a_hang(legacy, fresh_workspace,
     assert keras.load_model(legacy).name == "corpus_func"  # a new worker after the killed one
 
 
+def test_without_a_worker_process_files_are_read_in_process(legacy, tmp_path, fresh_workspace, monkeypatch):
+    """Where no subprocess can be started, the same checks run in-process (without the hang guard)."""
+    import cgvm.frontends.keras.h5_guard as guard
+
+    monkeypatch.setattr(guard, "_get_worker", lambda: None)
+    assert keras.load_model(legacy).name == "corpus_func"
+    bad = tmp_path / "cut.h5"
+    bad.write_bytes(legacy.read_bytes()[:4000])
+    err = failed_load(bad, "cannot be read", fresh_workspace)
+    assert isinstance(err.__cause__, OSError)
+
+
 # ----------------------------------------------------------------------------- load_weights
 
 @pytest.mark.parametrize("fmt", [".weights.h5", ".h5"])

@@ -263,7 +263,10 @@ def open_h5(source: Union[str, bytes], name: str) -> Iterator[H5Snapshot]:
 
         def call(request: Tuple[Any, ...], doing: str) -> Any:
             if worker is None:
-                return _in_process(local, request)
+                try:
+                    return _in_process(local, request)
+                except KerasConfigError as exc:
+                    raise KerasConfigError(f"{name}: {exc} ({doing})") from exc.__cause__
             try:
                 reply = worker.call(request, timeout)
             except _Timeout as exc:
