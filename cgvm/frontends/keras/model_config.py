@@ -160,7 +160,7 @@ def deserialize_layer(config: Dict[str, Any]) -> Layer:
     layer_config = dict(_expect(config.get("config") or {}, dict, f"the config of a {class_name}"))
     if class_name in ("Functional", "Model", "Sequential") or registered in ("Functional", "Model", "Sequential"):
         return deserialize_model(config)
-    name = layer_config.get("name", "?")
+    name = _expect(layer_config.get("name", "?"), str, f"the name of a {class_name}")
     where = f" in {_load_context['file']}" if _load_context["file"] else ""
     try:
         cls = _layer_class(class_name if class_name in registry.classes else registered or class_name,
