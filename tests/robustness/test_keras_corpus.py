@@ -119,6 +119,7 @@ CONFIG_EDITS = {
                          "conv"),
     "layers_not_a_list": (lambda c: c["config"].__setitem__("layers", {"a": 1}), "layers"),
     "layer_entry_int": (lambda c: c["config"]["layers"].append(7), r"layers\[\d+\]"),
+    "layer_name_list": (lambda c: layer_entry(c, "head")["config"].__setitem__("name", ["head"]), "name"),
     "class_name_int": (lambda c: layer_entry(c, "head").__setitem__("class_name", 5), "class_name"),
     "unknown_layer": (lambda c: layer_entry(c, "head").__setitem__("class_name", "NoSuchLayer"), "NoSuchLayer"),
     "batch_shape_string": (lambda c: layer_entry(c, "in_a")["config"].__setitem__("batch_shape", "abc"),
