@@ -63,6 +63,11 @@ def _model_weight_groups(model: Any) -> List[Tuple[str, str, List[Any]]]:
     return out
 
 
+def has_weights(model: Any) -> bool:
+    """Whether ``model`` has any weight a weights file would hold."""
+    return bool(_model_weight_groups(model))
+
+
 def read_weights_h5(model: Any, snap: H5Snapshot) -> List[Tuple[Any, np.ndarray]]:
     """(variable, array) for every weight of ``model`` in a Keras 3 weights file, all checked."""
     wanted = []

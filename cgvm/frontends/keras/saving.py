@@ -28,8 +28,8 @@ import numpy as np
 
 from ...errors import CgvmError
 from .h5_guard import open_h5
-from .h5_weights import (_model_weight_groups as model_weight_groups, assign_all, legacy_layer_weights,
-                         read_legacy_weights, read_weights_h5, write_weights_h5)
+from .h5_weights import (assign_all, has_weights, legacy_layer_weights, read_legacy_weights, read_weights_h5,
+                         write_weights_h5)
 from .load_limits import budget, max_bytes, parse_json
 from .model_config import deserialize_model, loading, serialize_model
 from .serialization import KerasConfigError
@@ -160,7 +160,7 @@ def _load_archive(path: str) -> Tuple[Any, Any]:
     config = parse_json(config_bytes, f"{path}: config.json")
     model = _build(config, path)
     if weights is None:
-        if any(vs for _, _, vs in model_weight_groups(model)):
+        if has_weights(model):
             raise KerasConfigError(f"{path} has no model.weights.h5, but the model has weights")
         return model, config.get("compile_config") if isinstance(config, dict) else None
     with open_h5(weights, f"{path}: model.weights.h5") as snap:
