@@ -49,19 +49,27 @@ class _Worker:
 
     def __init__(self) -> None:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.proc = subprocess.Popen([sys.executable, h5_worker.__file__], stdin=subprocess.PIPE,
+        address_space = 2 * max_bytes() + (2 << 30)  # the data, its copy, and Python with h5py
+        self.proc = subprocess.Popen([sys.executable, h5_worker.__file__, str(address_space)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         self.pid = os.getpid()
+        self.ready = False
+
+    def _wait_ready(self) -> None:
+        """The worker's first frame says h5py is imported; a start is not counted in a read's timeout."""
         try:
-            self._receive(120.0)  # the ready frame (h5py imported)
+            self._receive(120.0)
         except BaseException:
             self.kill()
             raise
+        self.ready = True
 
     def alive(self) -> bool:
         return self.pid == os.getpid() and self.proc.poll() is None
 
     def call(self, request: Tuple[Any, ...], timeout: float) -> Any:
+        if not self.ready:
+            self._wait_ready()
         payload = pickle.dumps(request, protocol=4)
         try:
             self.proc.stdin.write(struct.pack("<Q", len(payload)) + payload)
@@ -142,12 +150,20 @@ def _stop_worker() -> None:
         w.stop()
 
 
+def _respawn() -> None:
+    try:
+        _worker[0] = _Worker()
+    except OSError:
+        _worker[0] = None
+
+
 def _get_worker() -> Optional[_Worker]:
     w = _worker[0]
     if w is not None and w.alive():
         return w
     try:
         _worker[0] = _Worker()
+        _worker[0]._wait_ready()
     except (OSError, _Timeout, pickle.UnpicklingError, struct.error):
         _worker[0] = None  # no subprocesses here: read in-process, without the hang guard
     return _worker[0]
@@ -270,7 +286,7 @@ def open_h5(source: Union[str, bytes], name: str) -> Iterator[H5Snapshot]:
             try:
                 reply = worker.call(request, timeout)
             except _Timeout as exc:
-                _worker[0] = None
+                _respawn()  # the next file need not wait for a new worker to start
                 raise KerasConfigError(f"{name}: the HDF5 library gave no answer {doing} ({exc}); the file is "
                                        "corrupt (or raise CGVM_HDF5_TIMEOUT for a very slow disk)") from exc
             if reply[0] == "error":

@@ -2,10 +2,12 @@
 
 Some corrupt HDF5 files send libhdf5 into a loop that never ends (a B-tree or heap pointing back at
 itself), with the GIL held. So ``h5_guard`` runs this module as a separate worker process
-(``python h5_worker.py``) that it can kill after a timeout. The module imports nothing of cgvm,
+(``python h5_worker.py MAX_ADDRESS_SPACE``) that it can kill after a timeout. The module imports nothing of cgvm,
 so it runs by its path alone; ``h5_guard`` also calls ``describe`` and ``read`` in-process where no
 worker can be started.
 
+The worker's address space is limited to what the parent allows (its byte limit plus room for
+Python and h5py), so a length field that claims terabytes fails there, not in the machine.
 Everything sent back is plain data (tuples, lists, dicts, str, bytes, int, float, bool, None), so
 the parent unpickles it with no classes allowed. Protocol: frames of an 8-byte little-endian length
 and a pickle, one request, one reply; a reply is ``("ok", result)`` or ``("error", where, exception
@@ -165,6 +167,17 @@ def _serve() -> None:
     ``("read", paths, file_length, max_bytes)``, ``("close",)``."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames may reach the parent
+    if len(sys.argv) > 1:  # a corrupt length inside the file must not let libhdf5 take the machine's memory
+        try:
+            import resource
+
+            limit = int(sys.argv[1])
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            if hard != resource.RLIM_INFINITY:
+                limit = min(limit, hard)
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        except (ImportError, ValueError, OSError):
+            pass
     import h5py  # noqa: F401  (imported before the first request: the parent's timeout is for reading)
 
     stdout.write(struct.pack("<Q", 0))
