@@ -10,7 +10,7 @@
 - ``parse_json(text, what)``: ``json.loads`` with the nesting depth checked first (deep nesting
   would exhaust Python's stack) and every failure a ``KerasConfigError`` naming ``what``.
 
-The Caffe frontend has a limit of its own; the two read the same variable name on purpose.
+``CGVM_MAX_BYTES`` is meant to be the one byte limit of every cgvm loader (the Caffe frontend's too).
 """
 from __future__ import annotations
 
