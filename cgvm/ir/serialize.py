@@ -21,6 +21,7 @@ This module reads and writes files; the work is done in ``serialize_write`` (Gra
 from __future__ import annotations
 
 import os
+import re
 from typing import Union
 
 from google.protobuf import message as _pb_message
@@ -55,20 +56,56 @@ def save_graph(graph: Graph, path: PathLike) -> None:
         f.write(data)
 
 
+#: how deep messages may nest in a graph file: protobuf's binary parser stops at this depth too, and
+#: the text parser (pure Python, recursive) would exhaust the stack long before its own limit
+MAX_NESTING = 100
+
+_TEXT_STRINGS_AND_COMMENTS = re.compile(rb'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|#[^\n]*')
+
+
+def _text_nesting(data: bytes) -> int:
+    """How deep ``{``/``<`` blocks nest in protobuf text ``data`` (strings and comments skipped)."""
+    import numpy as np
+
+    b = np.frombuffer(_TEXT_STRINGS_AND_COMMENTS.sub(b'""', data), np.uint8)
+    steps = ((b == ord("{")) | (b == ord("<"))).astype(np.int64) - ((b == ord("}")) | (b == ord(">")))
+    return int(np.cumsum(steps).max()) if steps.size else 0
+
+
 def load_graph(path: PathLike) -> Graph:
-    """Read a graph written by ``save_graph``; the ops it uses must be registered (``import cgvm``)."""
+    """Read a graph written by ``save_graph``; the ops it uses must be registered (``import cgvm``).
+
+    Every problem with the file raises ``SerializationError`` naming it (the library's error as the
+    cause); nothing outside the returned graph is changed.
+    """
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        data = f.read()
+    if os.path.isdir(path):
+        raise SerializationError(f"{path} is a directory, not a cgvm graph file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SerializationError(f"{path} cannot be read: {exc}") from exc
     proto = pb.GraphProto()
     try:
         if path.endswith(TEXT_SUFFIXES):
+            depth = _text_nesting(data)
+            if depth > MAX_NESTING:
+                raise SerializationError(f"{path}: blocks nested {depth} deep, more than the {MAX_NESTING} a "
+                                         "graph file may use (a corrupt or hostile file)")
             text_format.Parse(data.decode("utf-8"), proto)
         else:
             proto.ParseFromString(data)
-    except (_pb_message.DecodeError, text_format.ParseError, UnicodeDecodeError) as exc:
-        raise SerializationError(f"{path}: not a cgvm graph file ({exc})") from None
+    except SerializationError:
+        raise
+    except (_pb_message.DecodeError, text_format.ParseError, UnicodeDecodeError, RecursionError, ValueError,
+            TypeError, OverflowError) as exc:
+        raise SerializationError(f"{path}: not a cgvm graph file ({exc})") from exc
     try:
         return graph_from_proto(proto)
     except SerializationError as exc:
         raise SerializationError(f"{path}: {exc}") from exc
+    except RecursionError as exc:
+        raise SerializationError(f"{path}: sub-graphs nested too deep to rebuild") from exc

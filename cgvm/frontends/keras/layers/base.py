@@ -25,6 +25,7 @@ from .. import constraints as constraints_mod
 from .. import initializers as initializers_mod
 from .. import regularizers as regularizers_mod
 from ..backend import KerasTensor, Variable, flatten, map_structure, to_value
+from ..load_limits import reserve
 from ..serialization import Registry
 
 registry = Registry("layer")
@@ -95,8 +96,9 @@ class Layer:
                    name: Optional[str] = None, **_: Any) -> Variable:
         init = initializers_mod.get(initializer if initializer is not None else "zeros")
         dtype = _dtype_name(dtype) if dtype is not None else self.dtype
-        shape = tuple(int(s) for s in shape)
         wname = name or f"variable_{len(self._weights)}"
+        reserve(tuple(shape), dtype, f"layer {self.name!r} weight {wname!r}")  # before the initializer allocates
+        shape = tuple(int(s) for s in shape)
         var = Variable(init(shape, dtype), name=wname, path=f"keras/{self.name}/{wname}", trainable=trainable,
                        regularizer=regularizers_mod.get(regularizer), constraint=constraints_mod.get(constraint))
         self._weights.append(var)

@@ -414,13 +414,13 @@ class Lambda(Layer):
         config = dict(config)
         fn = config.pop("function")
         if isinstance(fn, dict) and fn.get("class_name") == "__lambda__":
-            if safe_mode:
+            if safe_mode is not False:
                 raise KerasConfigError(
                     f"Lambda layer {config.get('name')!r} holds Python bytecode; loading it runs that code. "
                     "Pass safe_mode=False to load_model if you trust the file")
             fn = _function_from_bytecode(fn["config"]["code"])
         elif isinstance(fn, (list, tuple)):  # tf.keras 2: [code, defaults, closure]
-            if safe_mode:
+            if safe_mode is not False:
                 raise KerasConfigError(f"Lambda layer {config.get('name')!r} holds Python bytecode; pass "
                                        "safe_mode=False to load_model if you trust the file")
             fn = _function_from_bytecode(fn[0])
