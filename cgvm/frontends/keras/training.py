@@ -289,7 +289,7 @@ class TrainingMixin:
                 vx, vy = validation_data[0], validation_data[1]
                 vsw = validation_data[2] if len(validation_data) > 2 else None
                 val = self.evaluate(vx, vy, batch_size=validation_batch_size or batch_size, verbose=0,
-                                    sample_weight=vsw, return_dict=True)
+                                    sample_weight=vsw, return_dict=True, callbacks=cb)
                 epoch_logs.update({f"val_{k}": v for k, v in val.items()})
             cb.on_epoch_end(epoch, epoch_logs)
             if self.stop_training:
@@ -310,17 +310,24 @@ class TrainingMixin:
         nsteps = max(1, -(-n // batch_size))
         verbose = 1 if verbose == "auto" else int(verbose)
         bar = callbacks_mod.Progbar(nsteps, verbose=verbose) if verbose else None
+        # fit passes its CallbackList (the callbacks see validation as Keras' do); a list is wrapped
+        cb = callbacks if isinstance(callbacks, callbacks_mod.CallbackList) else callbacks_mod.CallbackList(
+            _as_list(callbacks), self, {"steps": nsteps, "verbose": verbose})
+        cb.on_test_begin()
         sums: Dict[str, float] = {}
         for step in range(nsteps):
             sl = slice(step * batch_size, (step + 1) * batch_size)
+            cb.on_test_batch_begin(step)
             batch = self._run_step([a[sl] for a in xs], [a[sl] for a in ys], [a[sl] for a in sws], False)
             count = len(xs[0][sl])
             for k, v in batch.items():
                 sums[k] = sums.get(k, 0.0) + v * count
+            cb.on_test_batch_end(step, {k: v / min(n, (step + 1) * batch_size) for k, v in sums.items()})
             if bar:
                 bar.update(step + 1, {k: v / min(n, (step + 1) * batch_size) for k, v in sums.items()},
                            finalize=step + 1 == nsteps)
         logs = {k: v / n for k, v in sums.items()}
+        cb.on_test_end(dict(logs))
         return logs if return_dict else _flat_result(logs)
 
     def predict(self, x: Any, batch_size: Optional[int] = None, verbose: Any = "auto", steps: Any = None,
