@@ -134,6 +134,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _load_frontend_commands() -> None:
     """Frontends register their commands on import (the Caffe frontend: train, test, time, run, draw, data)."""
     from .frontends.caffe import cli_commands  # noqa: F401
+    from .board import cli_command  # noqa: F401  (cgvm board)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,4 +161,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m cgvm.cli`: run the imported module, where the frontends register their commands
+    from cgvm.cli import main as _main
+
+    sys.exit(_main())

@@ -6,8 +6,8 @@ Every IR node becomes a NodeDef whose name puts it in a name scope taken from th
   ``keras layer 'dense' (Dense)``, so the node is ``conv1/conv``;
 * a Theano variable name: a node whose output is named (``h.name = 'h'``) is in scope ``h``,
   and so are the unnamed nodes that feed only that scope (``h/matmul``, ``h/add``, ``h/tanh``);
-* in a training step (a compiled Function with updates), nodes that only the updates need and
-  that no frontend scope claims are the backward pass: ``gradients/<layer>`` for the latest
+* in a training step (a compiled Function with updates, or one whose outputs after the first
+  ``n_outputs`` are gradients), nodes that only those need and that no frontend scope claims are the backward pass: ``gradients/<layer>`` for the latest
   layer whose forward values (or parameters) they read, else the scope of the gradient they
   read, else ``gradients``; the nodes that compute a new
   parameter value are ``updates/<layer>``.
@@ -78,14 +78,15 @@ def node_scopes(graph: Graph, n_outputs: Optional[int] = None, update_names: Seq
         users = {scope.get(id(u)) for o in node.outputs for u in consumers.get(id(o), ())}
         if len(users) == 1 and None not in users:
             scope[id(node)] = users.pop()
-    if update_names and n_outputs is not None:
+    if n_outputs is not None and n_outputs < len(graph.outputs):
         _training_scopes(graph, scope, n_outputs, list(update_names), param_names or {})
     return {id(n): scope.get(id(n), "") for n in graph.nodes}
 
 
 def _training_scopes(graph: Graph, scope: Dict[int, str], n_outputs: int, update_names: List[str],
                      param_names: Mapping[str, str]) -> None:
-    """Unscoped nodes that only the updates need: gradients/<layer> and updates/<layer>."""
+    """Unscoped nodes that only the outputs after the first ``n_outputs`` need (updates, or
+    gradients returned as outputs): gradients/<layer>, and updates/<layer> for new parameter values."""
     needed: Set[int] = set()
     stack = [v.node for v in graph.outputs[:n_outputs] if v.node is not None]
     while stack:
@@ -351,7 +352,8 @@ _EXPANSIONS = {"fused_elementwise": _expand_elementwise, "conv_bias_act": _expan
 def graph_def(graph: Graph, *, n_outputs: Optional[int] = None, update_names: Sequence[str] = (),
               expand_fused: bool = True) -> Any:
     """The GraphDef of ``graph``. ``n_outputs``/``update_names``: the graph is a training step whose
-    outputs after the first ``n_outputs`` are the new values of these parameters."""
+    outputs after the first ``n_outputs`` are gradients or (``update_names``, in order) the new
+    values of these parameters."""
     return GraphDefBuilder(graph, n_outputs=n_outputs, update_names=update_names, expand_fused=expand_fused).out
 
 

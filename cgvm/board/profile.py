@@ -37,8 +37,10 @@ from .graph import GraphDefBuilder, function_graphs, layer_scope
 class OpProfiler:
     """Times each kernel of ``function`` (a cgvm Function or theano Function) while active."""
 
-    def __init__(self, function: Any):
-        self.graph, _, self.n_outputs, self.update_names = function_graphs(function)
+    def __init__(self, function: Any, *, n_outputs: Optional[int] = None):
+        self.graph, _, outputs, self.update_names = function_graphs(function)
+        # n_outputs: how many outputs are results (the rest gradients or updates: see cgvm.board.graph)
+        self.n_outputs = outputs if n_outputs is None else n_outputs
         core = getattr(function, "core", function)
         core = getattr(core, "_core", core)
         self.executable = core.executable
@@ -161,7 +163,7 @@ class OpProfiler:
         for label, start, end in self.steps:
             events.append({"name": label, "cat": "step", "ph": "X", "pid": 1, "tid": 1,
                            "ts": (start - t0) * 1e6, "dur": (end - start) * 1e6})
-        for index, start, end in self.records:
+        for index, start, end in (r for step in self.per_step() for r in step):
             node = self.nodes[index]
             name = builder.stat_name.get(id(node)) if builder is not None else None
             events.append({"name": name or node.op.name, "cat": node.op.name, "ph": "X", "pid": 1, "tid": 1,
