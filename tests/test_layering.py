@@ -7,6 +7,9 @@
     cgvm.vm         never imports cgvm.compiler, cgvm.compiled or the frontends
     cgvm.frontends  never import the VM's internals (cgvm.vm.interpreter, cgvm.vm.bytecode) or the
                     compiler's internals (its submodules; the cgvm.compiler package is public)
+    cgvm.board      (TensorBoard) reads graphs and compiled functions: imports only cgvm.ir, cgvm.ops,
+                    cgvm.backend, cgvm.errors (and cgvm.cli, to register `cgvm board`); the
+                    frontends and cgvm.compiled call it, never the IR, ops, VM or compiler
 
 Every import counts, also those inside functions and under ``if TYPE_CHECKING``: a lazy import
 still ties the layers together. Each package may import itself.
@@ -144,6 +147,10 @@ RULES = [
          why="the VM runs programs; it does not compile them"),
     Rule("cgvm.frontends", forbidden=("cgvm.vm.interpreter", "cgvm.vm.bytecode", "cgvm.compiler.*"),
          why="frontends never touch the VM's or the compiler's internals"),
+    Rule("cgvm.board", allowed=("cgvm.ir", "cgvm.ops", "cgvm.backend", "cgvm.errors", "cgvm.cli"),
+         why="TensorBoard output reads graphs and functions; it builds on the IR and ops only"),
+    Rule("cgvm.compiler", forbidden=("cgvm.board",), why="the compiler knows nothing of TensorBoard"),
+    Rule("cgvm.vm", forbidden=("cgvm.board",), why="the VM knows nothing of TensorBoard"),
 ]
 
 

@@ -5,7 +5,8 @@ Every IR node becomes a NodeDef whose name puts it in a name scope taken from th
 * a Caffe or Keras layer: the node's source says ``layer 'conv1' (Convolution)`` or
   ``keras layer 'dense' (Dense)``, so the node is ``conv1/conv``;
 * a Theano variable name: a node whose output is named (``h.name = 'h'``) is in scope ``h``,
-  and so are the unnamed nodes that feed only that scope (``h/matmul``, ``h/add``, ``h/tanh``);
+  and so are the unnamed nodes whose scoped readers are all in that scope (``h/matmul``,
+  ``h/add``, ``h/tanh``); a shared variable is shown by its name (``W``);
 * in a training step (a compiled Function with updates, or one whose outputs after the first
   ``n_outputs`` are gradients), nodes that only those need and that no frontend scope claims are the backward pass: ``gradients/<layer>`` for the latest
   layer whose forward values (or parameters) they read, else the scope of the gradient they
@@ -24,7 +25,7 @@ written). This module needs the ``tensorboard`` package only for its protos.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -75,8 +76,8 @@ def node_scopes(graph: Graph, n_outputs: Optional[int] = None, update_names: Seq
     for node in reversed(graph.nodes):   # unnamed helpers join the one scope they feed
         if id(node) in scope or any(id(o) in output_ids for o in node.outputs):
             continue
-        users = {scope.get(id(u)) for o in node.outputs for u in consumers.get(id(o), ())}
-        if len(users) == 1 and None not in users:
+        users = {scope.get(id(u)) for o in node.outputs for u in consumers.get(id(o), ())} - {None}
+        if len(users) == 1:
             scope[id(node)] = users.pop()
     if n_outputs is not None and n_outputs < len(graph.outputs):
         _training_scopes(graph, scope, n_outputs, list(update_names), param_names or {})
@@ -172,10 +173,11 @@ class GraphDefBuilder:
     for an IR node in a profile (a fused group's last op)."""
 
     def __init__(self, graph: Graph, *, n_outputs: Optional[int] = None, update_names: Sequence[str] = (),
-                 expand_fused: bool = True):
+                 expand_fused: bool = True, param_labels: Optional[Mapping[str, str]] = None):
         graph_pb2 = tb("compat.proto.graph_pb2")
         self.graph = graph
         self.expand_fused = expand_fused
+        self.param_labels = dict(param_labels or {})
         self.out = graph_pb2.GraphDef()
         self.taken: Set[str] = set()
         self.scopes: Set[str] = set()
@@ -247,7 +249,7 @@ class GraphDefBuilder:
     def _param_name(self, v: Value, scope: Optional[str]) -> str:
         """A parameter sits in the scope of the first layer reading it when its name says so
         ('keras/dense/kernel' read in 'dense' is 'dense/kernel'; Caffe's 'conv1/0' is itself)."""
-        name = clean_name(v.name)
+        name = clean_name(self.param_labels.get(v.name, v.name))
         if scope and scope in name.split("/") and not name.startswith(scope + "/"):
             name = f"{scope}/{name.rpartition('/')[2]}"
         return self.unique(name)
@@ -350,21 +352,31 @@ _EXPANSIONS = {"fused_elementwise": _expand_elementwise, "conv_bias_act": _expan
 # --------------------------------------------------------------------------- entry points
 
 def graph_def(graph: Graph, *, n_outputs: Optional[int] = None, update_names: Sequence[str] = (),
-              expand_fused: bool = True) -> Any:
+              expand_fused: bool = True, param_labels: Optional[Mapping[str, str]] = None) -> Any:
     """The GraphDef of ``graph``. ``n_outputs``/``update_names``: the graph is a training step whose
     outputs after the first ``n_outputs`` are gradients or (``update_names``, in order) the new
     values of these parameters."""
-    return GraphDefBuilder(graph, n_outputs=n_outputs, update_names=update_names, expand_fused=expand_fused).out
+    return GraphDefBuilder(graph, n_outputs=n_outputs, update_names=update_names, expand_fused=expand_fused,
+                           param_labels=param_labels).out
 
 
-def function_graphs(function: Any) -> Tuple[Graph, Graph, Optional[int], Sequence[str]]:
-    """(graph after the passes, graph as written, n_outputs, update names) of a compiled function
-    (cgvm.compile's Function, a theano.function, or anything holding one as ``core``)."""
+class FunctionGraphs(NamedTuple):
+    graph: Graph                   # after the passes
+    source: Graph                  # as written
+    n_outputs: int                 # results; the outputs after them are the updates
+    update_names: List[str]        # workspace entries the updates write, in order
+    param_labels: Dict[str, str]   # workspace entry -> the frontend's name for it
+
+
+def function_graphs(function: Any) -> FunctionGraphs:
+    """The graphs of a compiled function (cgvm.compile's Function, a theano.function, or anything
+    holding one as ``core``); a frontend function may name its parameters (``param_labels``)."""
+    labels = dict(getattr(function, "param_labels", None) or {})
     core = getattr(function, "core", function)
     core = getattr(core, "_core", core)
     if not hasattr(core, "source_graph"):
         raise TypeError(f"expected a compiled cgvm function, got {type(function).__name__}")
-    return core.graph, core.source_graph, core.n_outputs, list(core.update_names)
+    return FunctionGraphs(core.graph, core.source_graph, core.n_outputs, list(core.update_names), labels)
 
 
 def op_names(gd: Any) -> List[str]:
@@ -372,5 +384,5 @@ def op_names(gd: Any) -> List[str]:
     return [n.name for n in gd.node if n.op not in ("Input", "Parameter", "Const")]
 
 
-__all__ = ["graph_def", "GraphDefBuilder", "function_graphs", "node_scopes", "layer_scope", "clean_name", "op_names"]
+__all__ = ["graph_def", "GraphDefBuilder", "function_graphs", "FunctionGraphs", "node_scopes", "layer_scope", "clean_name", "op_names"]
 

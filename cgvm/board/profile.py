@@ -38,7 +38,9 @@ class OpProfiler:
     """Times each kernel of ``function`` (a cgvm Function or theano Function) while active."""
 
     def __init__(self, function: Any, *, n_outputs: Optional[int] = None):
-        self.graph, _, outputs, self.update_names = function_graphs(function)
+        graphs = function_graphs(function)
+        self.graph, outputs, self.update_names, self.param_labels = (graphs.graph, graphs.n_outputs,
+                                                                     graphs.update_names, graphs.param_labels)
         # n_outputs: how many outputs are results (the rest gradients or updates: see cgvm.board.graph)
         self.n_outputs = outputs if n_outputs is None else n_outputs
         core = getattr(function, "core", function)
@@ -184,7 +186,8 @@ class OpProfiler:
         """The profile into a SummaryWriter's run: the graph with its per-node times (tag ``tag``),
         the op table as text ``<tag>/ops``, and (``trace_path``) the Chrome trace beside it.
         Returns the graph builder and the trace file written."""
-        builder = GraphDefBuilder(self.graph, n_outputs=self.n_outputs, update_names=self.update_names)
+        builder = GraphDefBuilder(self.graph, n_outputs=self.n_outputs, update_names=self.update_names,
+                                  param_labels=self.param_labels)
         writer.add_run_metadata(tag, self.run_metadata(builder), step, graph_def=builder.out)
         writer.add_text(f"{tag}/ops", self.table_markdown(builder), step)
         path = self.write_chrome_trace(trace_path, builder) if trace_path else None

@@ -144,12 +144,14 @@ class SummaryWriter:
                                       expand_fused=expand_fused)
             self.add_graph_def(builder.out)
             return builder
-        after, source, n_out, updates = function_graphs(graph)
-        builder = GraphDefBuilder(after, n_outputs=n_out, update_names=updates, expand_fused=expand_fused)
+        g = function_graphs(graph)
+        builder = GraphDefBuilder(g.graph, n_outputs=g.n_outputs, update_names=g.update_names,
+                                  expand_fused=expand_fused, param_labels=g.param_labels)
         self.add_graph_def(builder.out)
         if before_passes:
-            self.add_graph_def(GraphDefBuilder(source, n_outputs=n_out, update_names=updates).out,
-                               tag=BEFORE_PASSES_TAG)
+            source = GraphDefBuilder(g.source, n_outputs=g.n_outputs, update_names=g.update_names,
+                                     param_labels=g.param_labels)
+            self.add_graph_def(source.out, tag=BEFORE_PASSES_TAG)
         return builder
 
     def add_graph_def(self, graph_def: Any, *, tag: Optional[str] = None, step: int = 0) -> None:
