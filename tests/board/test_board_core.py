@@ -175,3 +175,15 @@ def test_missing_tensorboard_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     with pytest.raises(TensorBoardUnavailable, match=r"pip install 'cgvm\[board\]'"):
         SummaryWriter(tmp_path / "r")
+
+
+def test_compiled_function_writes_its_graph(tmp_path):
+    ws = cgvm.Workspace()
+    ws["layer/w"] = np.ones((8, 8), np.float32)
+    x, w, out = _chain_graph()
+    f = cgvm.compile([x], out, workspace=ws)
+    builder = f.write_graph(str(tmp_path / "f"), before_passes=False)
+    ea = read(tmp_path / "f")
+    assert sorted(n.name for n in ea.Graph().node) == sorted(n.name for n in builder.out.node)
+    assert BEFORE_PASSES_TAG not in ea.Tags()["tensors"]
+    assert {builder.stat_name[id(n)] for n in f.graph.nodes} <= {n.name for n in builder.out.node}

@@ -145,3 +145,15 @@ def test_bad_arguments_as_keras_says():
         keras.callbacks.TensorBoard(profile_batch="a,b")
     with pytest.raises(ValueError, match="update_freq"):
         keras.callbacks.TensorBoard(update_freq="sometimes")
+
+
+def test_steps_per_second_every_batch(tmp_path):
+    model = _model()
+    model.fit(X, Y, batch_size=32, epochs=2, verbose=0,
+              callbacks=[keras.callbacks.TensorBoard(tmp_path, write_steps_per_second=True, update_freq="batch",
+                                                     write_graph=False)])
+    train = read(tmp_path / "train")
+    assert [s for s, _ in values(train, "batch_steps_per_second")] == [1, 2, 3, 4]
+    assert [s for s, _ in values(train, "epoch_steps_per_second")] == [0, 1]
+    assert all(v > 0 for _, v in values(train, "epoch_steps_per_second"))
+    assert "keras" not in train.Tags()["tensors"] and not train.Tags()["graph"]
