@@ -28,8 +28,9 @@ def _board(args: argparse.Namespace) -> int:
     board = program.TensorBoard()
     board.configure(argv=[None, "--logdir", args.logdir, "--port", str(args.port), "--host", args.host])
     url = board.launch()
-    print(f"TensorBoard {board.__class__.__module__.split('.')[0]} serving {args.logdir} at {url} "
-          "(Ctrl-C to stop)", flush=True)
+    from tensorboard import version
+
+    print(f"TensorBoard {version.VERSION} serving {args.logdir} at {url} (Ctrl-C to stop)", flush=True)
     try:
         while True:
             time.sleep(3600)
