@@ -188,7 +188,8 @@ def _high_fd(fd: int) -> int:
 def serve(logdir: str, timeout: float = 60.0) -> Iterator[str]:
     """``cgvm board LOGDIR --port 0`` in a child process; yields the URL it serves."""
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-m", "cgvm.cli", "board", logdir, "--port", "0"], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "cgvm.cli", "board", os.path.abspath(logdir), "--port", "0"],
+                            cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + timeout
