@@ -17,6 +17,8 @@ Fused kernels (cgvm.ops.fused) become groups that expand to their ops: a
 ``fused_elementwise`` node is ``<scope>/fused_elementwise/{multiply, tanh, ...}`` with one op
 per step of its program (literals as Const nodes); ``conv_bias_act``, ``gemm_bias_act`` and
 ``gemm_accumulate`` expand to the product, the bias add (or accumulation) and the activation.
+A loop body or branch (``scan``'s ``body``, ``cond``'s ``then_graph``/``else_graph``) is drawn inside
+its node's group (``scan/scan`` the op, ``scan/body/...`` the body with its own inputs).
 Parameters, inputs and constants are NodeDefs of op ``Parameter``, ``Input`` and ``Const``
 that the ops read. Every NodeDef carries ``dtype`` and ``_output_shapes`` (``-1`` for a
 dimension known only at run time), the op's attributes, and ``_cgvm_source`` (where it was
@@ -261,9 +263,18 @@ class GraphDefBuilder:
     def _node(self, node: Node, scope: str) -> None:
         base = f"{scope}/{node.op.name}" if scope else node.op.name
         expand = _EXPANSIONS.get(node.op.name) if self.expand_fused else None
+        bodies = [(k, g) for k, g in node.attrs.items() if isinstance(g, Graph)]
         if expand is not None:
             group = self.unique(base)
             last = expand(self, node, group, self._inputs(node))
+        elif bodies:
+            group = self.unique(base)
+            last = self.unique(f"{group}/{node.op.name}")
+            attrs = {k: v for k, v in node.attrs.items() if not isinstance(v, Graph)}
+            self.add(last, node.op.name, self._inputs(node), node.outputs[0].dtype if node.outputs else None,
+                     [o.shape for o in node.outputs], attrs, node.source)
+            for key, body in bodies:
+                self._body(body, f"{group}/{key}")
         else:
             last = self.unique(base)
             attrs = {k: v for k, v in node.attrs.items()}
@@ -272,6 +283,34 @@ class GraphDefBuilder:
         self.stat_name[id(node)] = last
         for k, o in enumerate(node.outputs):
             self.ref[id(o)] = last if k == 0 else f"{last}:{k}"
+
+
+    def _body(self, body: Graph, group: str) -> None:
+        """A loop body or branch (a graph attribute) inside the group of its node: its own inputs,
+        its ops, and the parameters it reads (the outer Parameter node where there is one)."""
+        outer_ref = self.ref
+        self.ref = {}
+        for k, v in enumerate(body.inputs):
+            name = self.unique(f"{group}/{clean_name(v.name or f'input_{k}')}")
+            self.ref[id(v)] = name
+            self.add(name, "Input", [], v.dtype, [v.shape], {"index": k})
+        outer_params = {n.attr["workspace_entry"].s.decode(): n.name for n in self.out.node if n.op == "Parameter"}
+        for v in body.leaves():
+            if id(v) in self.ref:
+                continue
+            if v.kind == PARAM and v.name in outer_params:
+                self.ref[id(v)] = outer_params[v.name]
+            elif v.kind == PARAM:
+                self.ref[id(v)] = self.unique(f"{group}/{clean_name(v.name)}")
+                self.add(self.ref[id(v)], "Parameter", [], v.dtype, [v.shape], {"workspace_entry": v.name})
+            elif v.kind == CONST:
+                self.ref[id(v)] = self.unique(f"{group}/const")
+                self.add(self.ref[id(v)], "Const", [], v.dtype, [v.shape],
+                         {"value": v.data.item() if v.data.size == 1 else v.data})
+        scopes = node_scopes(body)
+        for inner in body.nodes:
+            self._node(inner, f"{group}/{scopes[id(inner)]}" if scopes[id(inner)] else group)
+        self.ref = outer_ref
 
 
 # --------------------------------------------------------------------------- fused groups

@@ -187,3 +187,21 @@ def test_compiled_function_writes_its_graph(tmp_path):
     assert sorted(n.name for n in ea.Graph().node) == sorted(n.name for n in builder.out.node)
     assert BEFORE_PASSES_TAG not in ea.Tags()["tensors"]
     assert {builder.stat_name[id(n)] for n in f.graph.nodes} <= {n.name for n in builder.out.node}
+
+
+def test_loop_bodies_are_groups_inside_their_node(tmp_path):
+    x = T.fvector("x")
+    scale = theano.shared(np.float32(3.0), name="scale")
+    res, _ = theano.scan(lambda v, acc: acc + v * scale, sequences=[x], outputs_info=[np.float32(0)])
+    f = theano.function([x], res[-1])
+    assert f(np.arange(4, dtype=np.float32)) == pytest.approx(18.0)
+    scans = [n for n in f.graph.nodes if n.op.name == "scan"]
+    assert scans
+    gd = f.write_graph(str(tmp_path / "s")).out
+    names = {n.name: n for n in gd.node}
+    assert names["scan/scan"].op == "scan"
+    body = scans[0].attrs["body"]
+    inner = [n for n in gd.node if n.name.startswith("scan/body/") and n.op not in ("Input", "Parameter", "Const")]
+    assert sorted(n.op for n in inner) == sorted(n.op.name for n in body.nodes)
+    assert len([n for n in gd.node if n.name.startswith("scan/body/") and n.op == "Input"]) == len(body.inputs)
+    assert all(i.split(":")[0] in names for n in gd.node for i in n.input)
