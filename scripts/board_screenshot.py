@@ -72,6 +72,9 @@ class Chromium:
         self.session = self.call("Target.attachToTarget", targetId=page["targetId"], flatten=True)["sessionId"]
         self.call("Page.enable", session=True)
         self.call("Runtime.enable", session=True)
+        self.resize(width, height)
+
+    def resize(self, width: int, height: int) -> None:
         self.call("Emulation.setDeviceMetricsOverride", session=True, width=width, height=height,
                   deviceScaleFactor=1, mobile=False)
 
@@ -138,6 +141,15 @@ class Chromium:
               " best = el; } }; walk(document); if (!best) return null; const r = best.getBoundingClientRect();"
               " return [r.x + r.width / 2, r.y + r.height / 2]; })()" % json.dumps(text))
         return self.call("Runtime.evaluate", session=True, expression=js, returnByValue=True)["result"].get("value")
+
+    def select_graph_tag(self, tag: str) -> bool:
+        """Pick ``tag`` in the graph dashboard's Tag menu (its controls' selected tag index)."""
+        js = ("(() => { const find = (root) => { const hit = root.querySelector('tf-graph-controls'); if (hit) return hit;"
+              " for (const el of root.querySelectorAll('*')) { if (el.shadowRoot) { const h = find(el.shadowRoot);"
+              " if (h) return h; } } return null; }; const c = find(document); if (!c || !c.datasets) return false;"
+              " const run = c.datasets[c._selectedRunIndex]; const k = run.tags.findIndex(t => t.tag === %s);"
+              " if (k < 0) return false; c._selectedTagIndex = k; return true; })()" % json.dumps(tag))
+        return bool(self.call("Runtime.evaluate", session=True, expression=js, returnByValue=True)["result"].get("value"))
 
     def click(self, x: float, y: float) -> None:
         for kind in ("mousePressed", "mouseReleased"):

@@ -3,7 +3,8 @@
 Every IR node becomes a NodeDef whose name puts it in a name scope taken from the frontend:
 
 * a Caffe or Keras layer: the node's source says ``layer 'conv1' (Convolution)`` or
-  ``keras layer 'dense' (Dense)``, so the node is ``conv1/conv``;
+  ``keras layer 'dense' (Dense)``, so the node is ``conv1/conv`` (a Keras loss or metric,
+  ``keras loss 'loss'``, is a scope too);
 * a Theano variable name: a node whose output is named (``h.name = 'h'``) is in scope ``h``,
   and so are the unnamed nodes whose scoped readers are all in that scope (``h/matmul``,
   ``h/add``, ``h/tanh``); a shared variable is shown by its name (``W``);
@@ -37,7 +38,7 @@ from ..ops.fused import ACC, LIT
 from ..ops.rules import broadcast_shapes
 from ._deps import tb
 
-_LAYER = re.compile(r"layer '([^']+)'")
+_LAYER = re.compile(r"(?:layer|loss|metric) '([^']+)'")
 _BAD_CHARS = re.compile(r"[^A-Za-z0-9_.\-/>+]")
 _CAFFE_BLOB = re.compile(r"^#\d+:")     # Caffe blob entries in the workspace: '#<net>:<blob>'
 _DT = {"float16": "DT_HALF", "float32": "DT_FLOAT", "float64": "DT_DOUBLE", "int8": "DT_INT8",

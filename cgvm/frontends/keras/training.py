@@ -15,7 +15,7 @@ import numpy as np
 from ...autodiff import grad
 from ...errors import GraphBuildError
 from ...compiled import compile as cg_compile
-from ...ir.graph import Value, input_value
+from ...ir.graph import Value, current_source, input_value, source_scope
 from ...ir.types import TensorType
 from ...ops import elementwise as ew
 from . import backend as K
@@ -107,14 +107,18 @@ class TrainingMixin:
         per_output: List[Optional[Value]] = []
         total: Optional[Value] = None
         masks = masks or [None] * len(outs)
-        for out, y, sw, fn, w, mask in zip(outs, ys, sws, loss_fns, weights, masks):
+        where = current_source()
+        for name, out, y, sw, fn, w, mask in zip(names, outs, ys, sws, loss_fns, weights, masks):
             if fn is None:
                 per_output.append(None)
                 continue
-            if isinstance(fn, losses_mod.Loss):
-                value = fn(y, out, sw, mask=mask)
-            else:
-                value = losses_mod.reduce_loss(fn(y, out), sw, mask=mask)
+            # the loss's nodes carry its name (TensorBoard's scope) and still the user's line
+            label = "loss" if len(names) == 1 else f"{name}_loss"
+            with source_scope(f"keras loss {label!r} (compiled at {where})"):
+                if isinstance(fn, losses_mod.Loss):
+                    value = fn(y, out, sw, mask=mask)
+                else:
+                    value = losses_mod.reduce_loss(fn(y, out), sw, mask=mask)
             per_output.append(value)
             term = value if w in (None, 1.0) else ew.mul(value, float(w))
             total = term if total is None else ew.add(total, term)
@@ -135,7 +139,8 @@ class TrainingMixin:
                 metric = metrics_mod.get(m, loss=lf, y_true_ndim=y_arrays[k].ndim, y_pred_shape=out.shape)
                 label = metric.name if len(names) == 1 else f"{names[k]}_{metric.name}"
                 labels.append(label)
-                values.append(metric.batch_value(y, out, weight))
+                with source_scope(f"keras metric {label!r} (compiled at {current_source()})"):
+                    values.append(metric.batch_value(y, out, weight))
         return labels, values
 
     def _regularization(self) -> Optional[Value]:

@@ -82,6 +82,7 @@ def test_fit_writes_keras_runs_and_tags(tmp_path):
     graph = train.Graph()
     names = [n.name for n in graph.node]
     assert all(any(n.startswith(f"{layer.name}/") for n in names) for layer in model.layers)
+    assert any(n.startswith("loss/") for n in names) and any(n.startswith("accuracy/") for n in names)
     assert any(n.startswith("gradients/") for n in names) and any(n.startswith("updates/") for n in names)
     step_fn = next(hit[0] for key, hit in model._functions.items() if key[0] is True)
     plain = [n for n in step_fn.graph.nodes if n.op.name not in ("fused_elementwise", "conv_bias_act",
