@@ -184,6 +184,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _load_frontend_commands() -> None:
     """Frontends register their commands on import (the Caffe frontend: train, test, time, run, draw, data)."""
     from .frontends.caffe import cli_commands  # noqa: F401
+    from .board import cli_command  # noqa: F401  (cgvm board)
 
 
 _SUBPARSERS: Dict[str, argparse.ArgumentParser] = {}

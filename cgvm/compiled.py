@@ -172,6 +172,13 @@ class Function:
         frames = list(self.executable.frames.values())
         return dis(frames[-1].program, frames[-1].plan) if frames else dis(self.program, None)
 
+    def write_graph(self, log_dir: str, *, before_passes: bool = True) -> Any:
+        """Write this function's graph for TensorBoard's graph dashboard into the run ``log_dir``:
+        after the passes (the run's graph) and as written (tag "before_passes"); see cgvm.board."""
+        from .board import write_graph
+
+        return write_graph(self, log_dir, before_passes=before_passes)
+
     def memory_plans(self) -> Dict[Any, Any]:
         return {k: f.plan for k, f in self.executable.frames.items()}
 

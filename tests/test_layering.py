@@ -16,6 +16,9 @@
                     nor another frontend (or its alias cgvm.caffe / cgvm.keras / cgvm.theano),
                     nor the command line (they register subcommands through cgvm.commands)
     nothing but cgvm.cli itself imports cgvm.cli
+    cgvm.board      (TensorBoard) reads graphs and compiled functions: imports only cgvm.ir, cgvm.ops,
+                    cgvm.backend, cgvm.errors (and cgvm.commands, to register `cgvm board`); the
+                    frontends and cgvm.compiled call it, never the IR, ops, VM or compiler
 
 Every import counts, also those inside functions and under ``if TYPE_CHECKING``: a lazy import
 still ties the layers together. Each package may import itself.
@@ -172,6 +175,9 @@ RULES = [
          why="the command line drives the public API"),
     Rule("cgvm.frontends", forbidden=("cgvm.vm.interpreter", "cgvm.vm.bytecode", "cgvm.compiler.*", "cgvm.cli"),
          why="frontends never touch the VM's or the compiler's internals, nor the command line"),
+    Rule("cgvm.board", allowed=("cgvm.ir", "cgvm.ops", "cgvm.backend", "cgvm.errors", "cgvm.commands"),
+         why="TensorBoard output reads graphs and functions; it builds on the IR and ops only"),
+    Rule("cgvm.vm", forbidden=("cgvm.board",), why="the VM knows nothing of TensorBoard"),
 ] + [Rule(f"cgvm.frontends.{name}", forbidden=_other_frontends(name),
           why="frontends meet in the IR, never in each other's code") for name in FRONTENDS]
 

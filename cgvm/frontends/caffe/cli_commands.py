@@ -126,6 +126,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--snapshot", default="", help=".solverstate to resume from")
     p.add_argument("--level", type=int, default=0, help="NetState level")
     p.add_argument("--stage", default="", help="comma-separated NetState stages")
+    p.add_argument("--tensorboard", default="", metavar="DIR",
+                   help="log losses, learning rate, test outputs and the graph to TensorBoard runs in DIR")
     _runtime_flags(p)
 
 
@@ -163,6 +165,7 @@ def _train(args: argparse.Namespace) -> int:
                       f"solver's max_iter is {param.max_iter}; raise max_iter in {args.solver} to train on. "
                       "The snapshot was left as it is.")
                 return 0
+        board = solver.log_to_tensorboard(args.tensorboard) if args.tensorboard else None
         try:
             solver.solve(None)
         except KeyboardInterrupt:   # Caffe's default SIGINT effect: stop, keeping a snapshot
@@ -172,6 +175,9 @@ def _train(args: argparse.Namespace) -> int:
             print("Optimization stopped early.")
         finally:
             progress.close()
+            if board is not None:
+                board.close()
+                print(f"TensorBoard logs in {args.tensorboard} (cgvm board {args.tensorboard})")
     elapsed = time.perf_counter() - start
     print(f"Trained {solver.iter} iterations in {elapsed:.1f} s ({solver.iter / max(elapsed, 1e-9):.1f} iter/s).")
     finals = {}
@@ -235,6 +241,8 @@ def _time_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="net .prototxt")
     p.add_argument("--iterations", type=int, default=50, help="benchmark iterations")
     p.add_argument("--weights", default="", help="optional .caffemodel")
+    p.add_argument("--tensorboard", default="", metavar="DIR",
+                   help="write per-op times of the whole-net program to DIR (TensorBoard + Chrome trace JSON)")
     _net_flags(p, "TRAIN")
 
 
@@ -294,6 +302,13 @@ def _time(args: argparse.Namespace) -> int:
         print(f"Average Forward-Backward: {(total_forward + total_backward) / 1000 / n:.5g} ms.")
         print(f"Total Time: {(time.perf_counter() - bench_start) * 1000:.5g} ms.")
         _time_whole_net(net, n, sync)
+        if args.tensorboard:
+            from cgvm.frontends.caffe.board import write_time_profile
+
+            layer_ms = {info.name: (forward_us[i] / 1000 / n, backward_us[i] / 1000 / n) for i, info in enumerate(infos)}
+            _, trace = write_time_profile(net, args.tensorboard, n, layer_ms)
+            print(f"Per-op profile written to {args.tensorboard} (TensorBoard graph dashboard, tag 'profile') "
+                  f"and {trace} (Chrome trace JSON: chrome://tracing or ui.perfetto.dev).")
         print("*** Benchmark ends ***")
     return 0
 

@@ -68,6 +68,7 @@ class Solver:
         self._smoothed = 0.0
         self._callbacks: List[Tuple[Callable[[], None], Callable[[], None]]] = []
         self.on_iteration: Optional[Callable[[int, float], None]] = None   # progress hook (the CLI's bar)
+        self.listeners: List[Any] = []   # told of displays and tests (log_to_tensorboard)
         self.test_scores: List[Tuple[int, int, "OrderedDict[str, float]"]] = []  # (iter, test net, means)
         self._net_options = dict(allow_python_layers=allow_python_layers)
         seed = int(param.random_seed) if param.random_seed >= 0 else None
@@ -234,6 +235,8 @@ class Solver:
         """Run ``iters`` iterations: tests, forward/backward/update, display and snapshots as configured."""
         if self._step_fn is None:
             self._compile()
+        for listener in self.listeners:
+            listener.on_compiled(self._step_fn)
         p = self.param
         stop = self.iter + int(iters)
         self._losses, self._smoothed, self._loss_start = [], 0.0, self.iter   # Caffe restarts the average
@@ -261,9 +264,11 @@ class Solver:
                 self._log(f"Iteration {self.iter} ({rate:.4g} iter/s, {now - tick:.4g}s/{p.display} iters), "
                           f"loss = {self._smoothed:.6g}")
                 tick, tick_iter = now, self.iter
-                self._log_outputs("Train", self.net, [host_array(r) for r in results[1:]],
-                                  self._output_names)
+                shown = self._log_outputs("Train", self.net, [host_array(r) for r in results[1:]],
+                                          self._output_names)
                 self._log(f"Iteration {self.iter}, lr = {self._rate:.6g}")
+                for listener in self.listeners:
+                    listener.on_display(self.iter, self._smoothed, self._rate, shown)
             for _, on_gradients_ready in self._callbacks:
                 on_gradients_ready()
             self.iter += 1
@@ -271,6 +276,8 @@ class Solver:
                 self.on_iteration(self.iter, self._smoothed)
             if p.snapshot and self.iter % p.snapshot == 0:
                 self.snapshot()
+        for listener in self.listeners:
+            listener.flush()
 
     def solve(self, resume_file: Optional[str] = None) -> None:
         """Restore (if given), train to max_iter, then Caffe's final snapshot, display and test."""
@@ -330,6 +337,8 @@ class Solver:
         means = [sums[n] / max(batches, 1) for n in names] if batches else []
         result = self._log_outputs("Test", net, means, names)
         self.test_scores.append((self.iter, index, result))
+        for listener in self.listeners:
+            listener.on_test(self.iter, index, result)
         return result
 
     def _log_outputs(self, kind: str, net, values, names) -> "OrderedDict[str, float]":
@@ -368,6 +377,17 @@ class Solver:
     def add_callback(self, on_start: Callable[[], None], on_gradients_ready: Callable[[], None]) -> None:
         """Call ``on_start`` before and ``on_gradients_ready`` after each compiled step."""
         self._callbacks.append((on_start, on_gradients_ready))
+
+    def log_to_tensorboard(self, log_dir: str) -> Any:
+        """Log training to TensorBoard from now on: each display's train outputs, smoothed loss and
+        learning rate (run ``log_dir/train``), each test pass's outputs (``log_dir/test``) and the
+        compiled step's graph; see cgvm.frontends.caffe.board. Returns the SolverBoard (close it
+        when done; events are flushed after every ``step``)."""
+        from cgvm.frontends.caffe.board import SolverBoard
+
+        board = SolverBoard(self, log_dir)
+        self.listeners.append(board)
+        return board
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> Tuple[str, str]:

@@ -1,5 +1,5 @@
 """Callbacks (History, EarlyStopping, ModelCheckpoint, ReduceLROnPlateau, CSVLogger, LearningRateScheduler,
-LambdaCallback, TerminateOnNaN) and the Keras 3 progress bar."""
+LambdaCallback, TerminateOnNaN, TensorBoard) and the Keras 3 progress bar."""
 from __future__ import annotations
 
 import csv
@@ -304,3 +304,6 @@ class TerminateOnNaN(Callback):
         if loss is not None and (np.isnan(loss) or np.isinf(loss)):
             print(f"Batch {batch}: Invalid loss, terminating training")
             self.model.stop_training = True
+
+
+from .tensorboard_callback import TensorBoard  # noqa: E402  (it subclasses Callback, defined above)

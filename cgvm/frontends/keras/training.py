@@ -15,7 +15,7 @@ import numpy as np
 from ...autodiff import grad
 from ...errors import GraphBuildError
 from ...compiled import compile as cg_compile
-from ...ir.graph import Value, input_value
+from ...ir.graph import Value, current_source, input_value, source_scope
 from ...ir.types import TensorType
 from ...ops import elementwise as ew
 from . import backend as K
@@ -107,14 +107,18 @@ class TrainingMixin:
         per_output: List[Optional[Value]] = []
         terms: List[Value] = []
         masks = masks or [None] * len(outs)
-        for out, y, sw, fn, w, mask in zip(outs, ys, sws, loss_fns, weights, masks):
+        where = current_source()
+        for name, out, y, sw, fn, w, mask in zip(names, outs, ys, sws, loss_fns, weights, masks):
             if fn is None:
                 per_output.append(None)
                 continue
-            if isinstance(fn, losses_mod.Loss):
-                value = fn(y, out, sw, mask=mask)
-            else:
-                value = losses_mod.reduce_loss(fn(y, out), sw, mask=mask)
+            # the loss's nodes carry its name (TensorBoard's scope) and still the user's line
+            label = "loss" if len(names) == 1 else f"{name}_loss"
+            with source_scope(f"keras loss {label!r} (compiled at {where})"):
+                if isinstance(fn, losses_mod.Loss):
+                    value = fn(y, out, sw, mask=mask)
+                else:
+                    value = losses_mod.reduce_loss(fn(y, out), sw, mask=mask)
             per_output.append(value)
             terms.append(value if w in (None, 1.0) else ew.mul(value, float(w)))
         total = ew.add_n(terms)
@@ -135,7 +139,8 @@ class TrainingMixin:
                 metric = metrics_mod.get(m, loss=lf, y_true_ndim=y_arrays[k].ndim, y_pred_shape=out.shape)
                 label = metric.name if len(names) == 1 else f"{names[k]}_{metric.name}"
                 labels.append(label)
-                values.append(metric.batch_value(y, out, weight))
+                with source_scope(f"keras metric {label!r} (compiled at {current_source()})"):
+                    values.append(metric.batch_value(y, out, weight))
         return labels, values
 
     def _regularization(self) -> Optional[Value]:
@@ -285,7 +290,7 @@ class TrainingMixin:
                 vx, vy = validation_data[0], validation_data[1]
                 vsw = validation_data[2] if len(validation_data) > 2 else None
                 val = self.evaluate(vx, vy, batch_size=validation_batch_size or batch_size, verbose=0,
-                                    sample_weight=vsw, return_dict=True)
+                                    sample_weight=vsw, return_dict=True, callbacks=cb)
                 epoch_logs.update({f"val_{k}": v for k, v in val.items()})
             cb.on_epoch_end(epoch, epoch_logs)
             if self.stop_training:
@@ -306,17 +311,24 @@ class TrainingMixin:
         nsteps = max(1, -(-n // batch_size))
         verbose = 1 if verbose == "auto" else int(verbose)
         bar = callbacks_mod.Progbar(nsteps, verbose=verbose) if verbose else None
+        # fit passes its CallbackList (the callbacks see validation as Keras' do); a list is wrapped
+        cb = callbacks if isinstance(callbacks, callbacks_mod.CallbackList) else callbacks_mod.CallbackList(
+            _as_list(callbacks), self, {"steps": nsteps, "verbose": verbose})
+        cb.on_test_begin()
         sums: Dict[str, float] = {}
         for step in range(nsteps):
             sl = slice(step * batch_size, (step + 1) * batch_size)
+            cb.on_test_batch_begin(step)
             batch = self._run_step([a[sl] for a in xs], [a[sl] for a in ys], [a[sl] for a in sws], False)
             count = len(xs[0][sl])
             for k, v in batch.items():
                 sums[k] = sums.get(k, 0.0) + v * count
+            cb.on_test_batch_end(step, {k: v / min(n, (step + 1) * batch_size) for k, v in sums.items()})
             if bar:
                 bar.update(step + 1, {k: v / min(n, (step + 1) * batch_size) for k, v in sums.items()},
                            finalize=step + 1 == nsteps)
         logs = {k: v / n for k, v in sums.items()}
+        cb.on_test_end(dict(logs))
         return logs if return_dict else _flat_result(logs)
 
     def predict(self, x: Any, batch_size: Optional[int] = None, verbose: Any = "auto", steps: Any = None,

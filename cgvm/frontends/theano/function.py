@@ -278,6 +278,17 @@ class Function:
 
         return debugprint(self, **kwargs)
 
+    def write_graph(self, log_dir: str, *, before_passes: bool = True) -> Any:
+        """Write the graph for TensorBoard (after the passes, and as written): see cgvm.board."""
+        from ...board import write_graph
+
+        return write_graph(self, log_dir, before_passes=before_passes)
+
+    @property
+    def param_labels(self) -> Dict[str, str]:
+        """Workspace entry -> shared variable name, for the parameters that have one."""
+        return {s.key: s.name for s in self.get_shared() if s.name}
+
     @property
     def graph(self) -> Any:
         """The optimized cgvm graph."""
