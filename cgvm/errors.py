@@ -56,3 +56,7 @@ class WorkspaceError(CgvmError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; we want the message as written
         return str(self.args[0]) if self.args else ""
+
+
+class DistributedError(CgvmError):
+    """Data-parallel training cannot go on: MPI missing, ranks disagree, a peer rank failed or timed out."""

@@ -1,0 +1,283 @@
+"""The process group: who we are (rank, size, local rank) and MPI collectives on array buffers.
+
+``init()`` reads the launcher's environment: under ``mpiexec``/``mpirun`` (MPICH's PMI_*, Open MPI's
+OMPI_*, PMIx) or ``srun`` (SLURM_*) it initialises MPI through mpi4py; launched plainly it is one
+process of size 1 and needs no MPI at all. Collectives act on NumPy arrays (and anything with the
+buffer protocol, Workspace entries included) in place, without copies or pickling; CuPy arrays
+go through NCCL (cgvm.distributed.nccl) when the group was opened with ``device="gpu"``.
+
+Once MPI is up, an uncaught exception on any rank prints ``rank R of N failed: ...`` and aborts
+every rank (MPI_Abort), so no rank is left waiting in a collective for a peer that is gone.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from ..errors import DistributedError
+
+INSTALL_HINT = "pip install 'cgvm[mpi]' (mpi4py and the mpich wheel, which ships mpiexec)"
+
+#: environment variables a launcher sets for each process: (rank, size, local rank) names
+_LAUNCHERS = (
+    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("pmix", "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+)
+
+#: seconds a rank waits for a collective before it declares its peers lost (CGVM_DIST_TIMEOUT)
+DEFAULT_TIMEOUT = 600.0
+
+
+def launcher_environment(env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
+    """``{"launcher", "rank", "size", "local_rank"}`` from the environment a launcher set, or None.
+
+    A launcher that starts one process (``mpiexec -n 1``, a one-task Slurm step) counts: MPI is
+    then initialised too, so a one-rank run exercises the same code as N ranks.
+    """
+    env = os.environ if env is None else env
+    for name, rank, size, local in _LAUNCHERS:
+        if rank in env and size in env:
+            try:
+                found = {"launcher": name, "rank": int(env[rank]), "size": int(env[size]),
+                         "local_rank": int(env.get(local, env[rank]))}
+            except ValueError:
+                continue
+            if name == "slurm" and found["size"] <= 1 and "PMI_RANK" not in env:
+                continue   # a Slurm allocation running one plain process is not an MPI job
+            return found
+    return None
+
+
+def _import_mpi() -> Any:
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise DistributedError(f"distributed training needs mpi4py and an MPI library: {INSTALL_HINT} "
+                               f"({e})") from None
+    return MPI
+
+
+class LocalGroup:
+    """One process alone: every collective is the identity (what cgvm does without a launcher)."""
+
+    rank = 0
+    size = 1
+    local_rank = 0
+    launcher = None
+    device = "cpu"
+
+    def allreduce(self, array: Any, op: str = "sum") -> Any:
+        _check_op(op)
+        return array
+
+    def broadcast(self, array: Any, root: int = 0) -> Any:
+        return array
+
+    def allgather(self, array: Any) -> Any:
+        a = np.asarray(array)
+        return a.reshape((1,) + a.shape).copy()
+
+    def allgather_object(self, obj: Any) -> List[Any]:
+        return [obj]
+
+    def barrier(self) -> None:
+        return None
+
+    def start_allreduce(self, array: Any, blocking: bool = False) -> Any:
+        return None
+
+    def finish(self, handle: Any, what: str = "") -> None:
+        return None
+
+    def abort(self, code: int = 1) -> None:
+        os._exit(code)
+
+
+class MPIGroup:
+    """COMM_WORLD of mpi4py, collectives on buffers (upper-case mpi4py calls: no pickling)."""
+
+    device = "cpu"
+
+    def __init__(self, comm: Any = None, launcher: Optional[str] = None):
+        MPI = _import_mpi()
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank).Get_rank()
+        self.launcher = launcher
+        self.timeout = float(os.environ.get("CGVM_DIST_TIMEOUT", DEFAULT_TIMEOUT))
+        self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+
+    # -- blocking collectives, in place ---------------------------------------------
+    def allreduce(self, array: Any, op: str = "sum") -> Any:
+        """Reduce ``array`` over every rank, in place (``op``: sum, mean, max, min); returns it."""
+        _check_op(op)
+        buf = _writable_buffer(array, "allreduce")
+        self.finish(self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self._ops[op]), "allreduce")
+        if op == "mean":
+            np.multiply(buf, np.asarray(1.0 / self.size, buf.dtype), out=buf, casting="unsafe")
+        return array
+
+    def broadcast(self, array: Any, root: int = 0) -> Any:
+        """Rank ``root``'s ``array`` into every rank's ``array`` (same shape and dtype), in place."""
+        buf = _writable_buffer(array, "broadcast")
+        self.finish(self.comm.Ibcast(buf, root=root), "broadcast")
+        return array
+
+    def allgather(self, array: Any) -> np.ndarray:
+        """Every rank's ``array`` stacked along a new first axis (rank order)."""
+        a = np.ascontiguousarray(array)
+        out = np.empty((self.size,) + a.shape, a.dtype)
+        self.finish(self.comm.Iallgather(a, out), "allgather")
+        return out
+
+    def allgather_object(self, obj: Any) -> List[Any]:
+        """Small Python objects from every rank (pickled: for signatures and settings, not tensors)."""
+        return self.comm.allgather(obj)
+
+    def barrier(self) -> None:
+        self.finish(self.comm.Ibarrier(), "barrier")
+
+    # -- non-blocking ----------------------------------------------------------------
+    def start_allreduce(self, array: Any, blocking: bool = False) -> Any:
+        """Start summing ``array`` in place over the ranks; the handle goes to ``finish``."""
+        if blocking:
+            self.comm.Allreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+            return None
+        return self.comm.Iallreduce(self.MPI.IN_PLACE, array, op=self.MPI.SUM)
+
+    def finish(self, request: Any, what: str = "collective") -> None:
+        """Wait for ``request``, polling so that a lost peer gives an error instead of a hang."""
+        if request is None or request.Test():
+            return
+        deadline = time.monotonic() + self.timeout
+        spins = 0
+        while not request.Test():
+            spins += 1
+            if spins > 200:          # after a short spin, yield the core to this rank's peers
+                time.sleep(0.0001)
+                if time.monotonic() > deadline:
+                    raise DistributedError(
+                        f"rank {self.rank} of {self.size}: {what} did not complete within {self.timeout:g} s "
+                        "(CGVM_DIST_TIMEOUT); a peer rank has stopped or is running a different program")
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.Abort(code)
+
+
+def _check_op(op: str) -> None:
+    if op not in ("sum", "mean", "max", "min"):
+        raise DistributedError(f"unknown reduction {op!r}; use 'sum', 'mean', 'max' or 'min'")
+
+
+def _writable_buffer(array: Any, what: str) -> np.ndarray:
+    """``array`` itself as a contiguous writable NumPy array (no copy), or a clear error."""
+    if not isinstance(array, np.ndarray):
+        try:
+            array = np.asarray(memoryview(array))
+        except TypeError:
+            raise DistributedError(f"{what}: expected a NumPy array or a buffer, got {type(array).__name__} "
+                                   "(CuPy arrays need the GPU group: cgvm.distributed.init(device='gpu'))") from None
+    if not array.flags.c_contiguous or not array.flags.writeable:
+        raise DistributedError(f"{what} works in place and needs a contiguous writable array; "
+                               f"got one with flags {array.flags.c_contiguous=}, {array.flags.writeable=}")
+    return array
+
+
+# --------------------------------------------------------------------------- the current group
+
+_group: Any = None
+_hooks_installed = False
+
+
+def init(*, device: str = "cpu", require: bool = False) -> Any:
+    """The process group of this run, initialising MPI on first use when a launcher started us.
+
+    ``require=True`` raises (with the install command) when no MPI launcher is found or mpi4py
+    is missing; otherwise a plain launch gives a group of one process.
+    ``device="gpu"``: gradients on CuPy arrays are reduced with NCCL (unique id sent over MPI).
+    """
+    global _group
+    if _group is not None and (device == "cpu" or _group.device == device):
+        return _group
+    found = launcher_environment()
+    if found is None and not require:
+        _group = LocalGroup()
+        return _group
+    if found is None and require:
+        try:
+            _import_mpi()
+        except DistributedError:
+            raise
+        # mpi4py present but no launcher: MPI singleton init (size 1) is still a valid MPI run
+    base = MPIGroup(launcher=found["launcher"] if found else "singleton")
+    if device == "gpu":
+        from .nccl import NCCLGroup
+
+        base = NCCLGroup(base)
+    _group = base
+    _install_fault_hooks(base)
+    return _group
+
+
+def group() -> Any:
+    """The current group (initialising it as ``init()`` does)."""
+    return _group if _group is not None else init()
+
+
+def is_distributed() -> bool:
+    return group().size > 1
+
+
+def _install_fault_hooks(g: Any) -> None:
+    """An uncaught exception on one rank aborts all of them, naming the rank and the error."""
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    previous: Callable[..., Any] = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        fail(f"{kind.__name__}: {value}", "".join(traceback.format_exception(kind, value, tb)))
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(_check_exit)
+
+
+def fail(reason: str, details: str = "", code: int = 1) -> None:
+    """Print ``rank R of N failed: reason`` and abort every rank (no return when distributed)."""
+    g = _group
+    if g is None or g.size <= 1 or getattr(g, "_aborting", False):
+        return
+    g._aborting = True
+    if details:
+        sys.stderr.write(details)
+    sys.stderr.write(f"cgvm.distributed: rank {g.rank} of {g.size} failed: {reason}; aborting all ranks\n")
+    sys.stderr.flush()
+    g.abort(code)
+
+
+_exit_status: Dict[str, Any] = {"code": 0}
+
+
+def exit_code(code: int) -> int:
+    """Record the code this process will exit with (entry points call it), so that a failing rank
+    aborts the others at exit instead of leaving them in a collective (MPI_Finalize would wait)."""
+    _exit_status["code"] = int(code or 0)
+    return code
+
+
+def _check_exit() -> None:
+    code = _exit_status["code"]
+    if code:
+        fail(f"exited with status {code}", code=code)
