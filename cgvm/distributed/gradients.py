@@ -120,7 +120,7 @@ def _first_difference(a: Any, b: Any, path: str = "") -> str:
         for k in list(a) + [k for k in b if k not in a]:
             if a.get(k) != b.get(k):
                 return _first_difference(a.get(k), b.get(k), f"{path}{k}")
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+    if isinstance(a, list) and isinstance(b, list):   # entries are tuples: reported whole
         if len(a) != len(b):
             return f"{path or 'value'}: rank 0 has {len(a)} entries, the other {len(b)}"
         for i, (x, y) in enumerate(zip(a, b)):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
+import socket
 import sys
 import time
 import traceback
@@ -115,6 +117,13 @@ class MPIGroup:
         self.local_rank = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank).Get_rank()
         self.launcher = launcher
         self.timeout = float(os.environ.get("CGVM_DIST_TIMEOUT", DEFAULT_TIMEOUT))
+        #: (host, pid) of every rank: a launcher reports a dead process by pid, we say which rank it was
+        self.peers = self.comm.allgather((socket.gethostname(), os.getpid()))
+        if self.rank == 0 and self.size > 1 and os.environ.get("CGVM_DIST_QUIET", "0") in ("", "0"):
+            # MPICH reports a rank killed by a signal by its pid alone: this line says which rank it was
+            table = ", ".join(f"rank {r} = pid {pid} on {host}" for r, (host, pid) in enumerate(self.peers))
+            sys.stderr.write(f"cgvm.distributed: {self.size} ranks ({launcher or 'mpi'}): {table}\n")
+            sys.stderr.flush()
         self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
 
     # -- blocking collectives, in place ---------------------------------------------
@@ -252,6 +261,41 @@ def _install_fault_hooks(g: Any) -> None:
 
     sys.excepthook = excepthook
     atexit.register(_check_exit)
+    if hasattr(g, "peers") or hasattr(getattr(g, "mpi", None), "peers"):
+        signal.signal(signal.SIGTERM, _on_terminate)
+
+
+def _gone_peers(g: Any) -> List[str]:
+    """Ranks on this host whose process has exited (or is a zombie), as 'rank R (pid P on H)'."""
+    peers = getattr(g, "peers", None) or getattr(getattr(g, "mpi", None), "peers", None) or []
+    here = socket.gethostname()
+    gone = []
+    for r, (host, pid) in enumerate(peers):
+        if host != here or pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                dead = f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except OSError:
+            dead = True
+        if dead:
+            gone.append(f"rank {r} (pid {pid} on {host})")
+    return gone
+
+
+def _on_terminate(signum: int, frame: Any) -> None:
+    """The launcher stops the survivors when a rank dies: say which rank it was, then exit."""
+    g = _group
+    gone = _gone_peers(g) if g is not None else []
+    peers = getattr(g, "peers", None) or getattr(getattr(g, "mpi", None), "peers", None) or []
+    table = ", ".join(f"rank {r} = pid {pid} on {host}" for r, (host, pid) in enumerate(peers))
+    rank = g.rank if g is not None else "?"
+    size = g.size if g is not None else "?"
+    what = f"rank(s) that died: {', '.join(gone)}" if gone else f"a peer failed ({table})"
+    sys.stderr.write(f"cgvm.distributed: rank {rank} of {size} stopped by the launcher (signal {signum}); "
+                     f"{what}\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def fail(reason: str, details: str = "", code: int = 1) -> None:

@@ -1,5 +1,7 @@
 """Core API data parallelism: an MLP trained with SGD on a fixed data set, the global batch split over
 the ranks. Writes this rank's final weights to OUT_rank<r>.npz. Run by tests/distributed/test_core.py."""
+import os
+import signal
 import sys
 
 import numpy as np
@@ -19,10 +21,14 @@ Y = rng.integers(0, 3, len(X)).astype(np.int64)
 ws = cgvm.Workspace()
 # each rank starts from different weights: the broadcast from rank 0 must make them equal
 init = np.random.default_rng(100 + g.rank)
-shapes = {"w1": (12, 16), "b1": (16,), "w2": (16, 3), "b2": (3,)}
+fault = os.environ.get("CGVM_TEST_FAULT", "")    # "raise:R:STEP", "kill:R:STEP" or "hidden:R" (a different net)
+kind, fault_rank, fault_step = (fault.split(":") + ["", "", ""])[:3] if fault else ("", "-1", "-1")
+hidden = 17 if kind == "hidden" and g.rank == int(fault_rank) else 16
+shapes = {"w1": (12, hidden), "b1": (hidden,), "w2": (hidden, 3), "b2": (3,)}
 for name, shape in shapes.items():
     ws[name] = (init.standard_normal(shape) * 0.3).astype(np.float32)
-dist.broadcast_parameters(ws)
+if kind != "hidden":
+    dist.broadcast_parameters(ws)
 x = input_value(TensorType((None, 12)), "x")
 y = input_value(TensorType((None,), "int64"), "y")
 params = {n: param_value(n, TensorType(s)) for n, s in shapes.items()}
@@ -34,6 +40,10 @@ step = cgvm.compile([x, y], loss, workspace=ws,
                     updates={p: E.sub(p, E.mul(gr, 0.1)) for p, gr in zip(params.values(), grads)})
 rows = dist.shard_rows(global_batch)
 for i in range(steps):
+    if kind in ("raise", "kill") and g.rank == int(fault_rank) and i == int(fault_step):
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected failure at step {i}")
     start = (i * global_batch) % len(X)
     xb, yb = X[start:start + global_batch][rows], Y[start:start + global_batch][rows]
     step(xb, yb)
