@@ -150,14 +150,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return COMMANDS[args.command][2](args)
+        return _distributed_exit(COMMANDS[args.command][2](args))
     except CgvmError as exc:
         print(f"cgvm {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _distributed_exit(2)
     except FileNotFoundError as exc:
         print(f"cgvm {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _distributed_exit(2)
+
+
+def _distributed_exit(code: int) -> int:
+    """Under MPI, a rank exiting with an error aborts the others (they would wait in a collective)."""
+    dist = sys.modules.get("cgvm.distributed")
+    return dist.exit_code(code) if dist is not None else code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m cgvm.cli`: frontends register their commands in the module cgvm.cli, not in __main__
+    from cgvm.cli import main as _registered_main
+
+    sys.exit(_registered_main())
