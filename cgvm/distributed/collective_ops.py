@@ -52,16 +52,16 @@ def _buffer_key(xp: Any, a: Any) -> int:
     return int(a.data.ptr) if hasattr(a, "data") and hasattr(a.data, "ptr") else int(a.ctypes.data)
 
 
-#: buffer address -> (request, bucket) of reductions started and not yet waited for
-_pending: Dict[int, Tuple[Any, int]] = {}
+#: buffer address -> (request, bucket, gradient shapes) of reductions started and not yet waited for
+_pending: Dict[int, Tuple[Any, int, Tuple[Tuple[int, ...], ...]]] = {}
 
 
 def _start_infer(types: List[TensorType], group: int, bucket: int, blocking: bool):
     dtypes = {t.dtype for t in types}
     if len(dtypes) != 1:
         raise ShapeError(f"allreduce_start: a bucket holds one dtype, got {sorted(str(d) for d in dtypes)}")
-    if not all(t.is_concrete for t in types):
-        raise ShapeError("allreduce_start: gradients need known shapes (they are parameters' gradients)")
+    if not all(t.is_concrete for t in types):   # (Theano-style shared variables): known at run time
+        return TensorType((None,), types[0].dtype)
     total = sum(int(np.prod(t.shape, dtype=np.int64)) for t in types)
     return TensorType((total,), types[0].dtype)
 
@@ -84,18 +84,20 @@ def _(xp, *grads, group, bucket, blocking, out=None):
         flat[at:at + g.size] = g.reshape(-1)
         at += g.size
     comm = _group(group)
-    for key, (req, _) in list(_pending.items()):   # drive earlier buckets on (MPI progresses in calls)
+    for key, (req, k, shapes) in list(_pending.items()):   # drive earlier buckets on (MPI progresses in calls)
         if req is not None and hasattr(req, "Test") and req.Test():
-            _pending[key] = (None, _pending[key][1])
-    _pending[_buffer_key(xp, flat)] = (comm.start_allreduce(flat, blocking=blocking), bucket)
+            _pending[key] = (None, k, shapes)
+    _pending[_buffer_key(xp, flat)] = (comm.start_allreduce(flat, blocking=blocking), bucket,
+                                       tuple(g.shape for g in grads))
     return flat
 
 
 def _wait_infer(types: List[TensorType], group: int, bucket: int, shapes: Tuple[Tuple[int, ...], ...],
                 scale: float):
     (flat,) = types
-    total = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
-    if flat.shape != (total,):
+    known = all(d is not None for s in shapes for d in s)
+    total = sum(int(np.prod(s, dtype=np.int64)) for s in shapes) if known else None
+    if known and flat.is_concrete and flat.shape != (total,):
         raise ShapeError(f"allreduce_wait: the bucket holds {flat.shape} elements, its shapes need {total}")
     return [TensorType(tuple(s), flat.dtype) for s in shapes]
 
@@ -112,8 +114,9 @@ allreduce_wait.collective = "wait"
 @allreduce_wait.kernel
 def _(xp, flat, *, group, bucket, shapes, scale, out=None):
     comm = _group(group)
-    req, _ = _pending.pop(_buffer_key(xp, flat), (None, bucket))
+    req, _, made = _pending.pop(_buffer_key(xp, flat), (None, bucket, shapes))
     comm.finish(req, f"the allreduce of gradient bucket {bucket}")
+    shapes = made     # the shapes start packed (the attribute may leave dimensions unknown)
     single = len(shapes) == 1   # one result: the VM passes and expects a plain array, not a tuple
     outs = (out,) if single else (tuple(out) if out is not None else (None,) * len(shapes))
     results = []

@@ -55,7 +55,7 @@ def plan_buckets(grads: Sequence[Optional[Value]], bucket_bytes: int) -> List[Li
             current = open_by_dtype[key] = [[], 0]
             buckets.append(current[0])
         current[0].append(i)
-        current[1] += g.type.nbytes
+        current[1] += g.type.nbytes if g.type.is_concrete else bucket_bytes   # unknown: a bucket of its own
         if current[1] >= bucket_bytes:
             del open_by_dtype[key]
     return [b for b in buckets if b]
@@ -74,10 +74,6 @@ def reduce_gradients(grads: Sequence[Optional[Value]], *, average: bool = True, 
     grads = list(grads)
     if g.size <= 1:
         return grads
-    for i, v in enumerate(grads):
-        if v is not None and not v.type.is_concrete:
-            raise DistributedError(f"gradient {names[i] if names else i} has an unknown shape {v.type}; data "
-                                   "parallelism reduces gradients of parameters, whose shapes are known")
     limit = bucket_bytes_setting(bucket_bytes)
     buckets = plan_buckets(grads, limit)
     labels = list(names) if names is not None else [v.name if v is not None and v.name else f"gradient {i}"

@@ -55,3 +55,14 @@ def test_ranks_with_different_nets_fail_at_the_first_step(tmp_path):
     assert r.returncode != 0
     assert "ranks disagree on the gradients to reduce: rank 1 differs from rank 0" in r.output, r.output
     assert "(12, 16)" in r.output and "(12, 17)" in r.output
+
+
+def test_theano_style_two_ranks_equal_one_process(tmp_path):
+    one = run_ranks(None, [program("theano_mlp.py"), str(tmp_path / "one"), "16", "100"], cwd=tmp_path)
+    assert one.returncode == 0, one.output
+    two = run_ranks(2, [program("theano_mlp.py"), str(tmp_path / "two"), "16", "100"], cwd=tmp_path)
+    assert two.returncode == 0, two.output
+    ref, w0, w1 = _weights(tmp_path / "one", 0), _weights(tmp_path / "two", 0), _weights(tmp_path / "two", 1)
+    for k, want in ref.items():
+        assert np.array_equal(w0[k], w1[k])
+        assert np.abs(w0[k] - want).max() / np.abs(want).max() < 1e-5, k
