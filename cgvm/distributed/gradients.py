@@ -62,12 +62,12 @@ def plan_buckets(grads: Sequence[Optional[Value]], bucket_bytes: int) -> List[Li
 
 
 def reduce_gradients(grads: Sequence[Optional[Value]], *, average: bool = True, bucket_bytes: Optional[int] = None,
-                     overlap: bool = True, group: Any = None, names: Optional[Sequence[str]] = None,
+                     overlap: Optional[bool] = None, group: Any = None, names: Optional[Sequence[str]] = None,
                      signature: Any = None) -> List[Optional[Value]]:
     """``grads`` summed (``average``: averaged) over the ranks, as graph values (None stays None).
 
-    ``overlap=False`` reduces each bucket with a blocking allreduce where it would have started
-    (for measuring what overlap buys). ``names`` label the gradients in mismatch errors;
+    ``overlap=False`` (or ``CGVM_ALLREDUCE_OVERLAP=0``) reduces each bucket with a blocking allreduce
+    where it would have started (for measuring what overlap buys). ``names`` label the gradients in mismatch errors;
     ``signature`` is anything else the ranks must agree on (input shapes, solver settings).
     """
     g = current_group() if group is None else group
@@ -75,6 +75,8 @@ def reduce_gradients(grads: Sequence[Optional[Value]], *, average: bool = True, 
     if g.size <= 1:
         return grads
     limit = bucket_bytes_setting(bucket_bytes)
+    if overlap is None:
+        overlap = os.environ.get("CGVM_ALLREDUCE_OVERLAP", "1") not in ("0", "false", "no")
     buckets = plan_buckets(grads, limit)
     labels = list(names) if names is not None else [v.name if v is not None and v.name else f"gradient {i}"
                                                     for i, v in enumerate(grads)]
