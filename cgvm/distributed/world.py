@@ -222,19 +222,18 @@ def init(*, device: str = "cpu", require: bool = False) -> Any:
     if found is None and not require:
         _group = LocalGroup()
         return _group
-    if found is None and require:
-        try:
-            _import_mpi()
-        except DistributedError:
-            raise
-        # mpi4py present but no launcher: MPI singleton init (size 1) is still a valid MPI run
-    base = MPIGroup(launcher=found["launcher"] if found else "singleton")
+    if found is None:
+        _import_mpi()     # missing: the install hint first
+        raise DistributedError("this process was not started by an MPI launcher; run it as `mpiexec -n N python "
+                               "...` (or `srun -n N ...` under Slurm)")
+    base = MPIGroup(launcher=found["launcher"])
     if device == "gpu":
         from .nccl import NCCLGroup
 
         base = NCCLGroup(base)
     _group = base
-    _install_fault_hooks(base)
+    if base.size > 1:
+        _install_fault_hooks(base)
     return _group
 
 

@@ -104,3 +104,43 @@ def test_row_shards_cover_a_global_batch_once():
             s = dist.shard_rows(n, g)
             rows += list(range(n))[s]
         assert rows == list(range(n))
+
+
+def test_a_launched_run_without_mpi4py_says_how_to_install_it(monkeypatch):
+    import sys
+
+    import pytest
+
+    from cgvm.distributed import world
+    from cgvm.errors import DistributedError
+
+    monkeypatch.setitem(sys.modules, "mpi4py", None)     # import mpi4py fails as if not installed
+    monkeypatch.setattr(world, "_group", None)
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    with pytest.raises(DistributedError, match=r"pip install 'cgvm\[mpi\]'"):
+        world.init()
+    monkeypatch.delenv("PMI_RANK")
+    monkeypatch.delenv("PMI_SIZE")
+    assert world.init().size == 1          # a plain launch needs no MPI at all
+    monkeypatch.setattr(world, "_group", None)
+
+
+def test_caffe_solver_count_outside_mpi_tells_how_to_launch(tmp_path, monkeypatch):
+    import pytest
+
+    import cgvm.caffe as caffe
+    from cgvm.distributed import world
+
+    monkeypatch.setattr(world, "_group", None)
+    caffe.set_solver_count(2)
+    try:
+        (tmp_path / "net.prototxt").write_text('layer { name: "d" type: "Input" top: "x" input_param { shape { '
+                                               'dim: 2 dim: 3 } } }\n')
+        (tmp_path / "s.prototxt").write_text(f'net: "{tmp_path / "net.prototxt"}"\nbase_lr: 0.1\nlr_policy: "fixed"\n')
+        with pytest.raises(Exception, match=r"mpiexec -n 2"):
+            caffe.get_solver(str(tmp_path / "s.prototxt"), log=False)
+    finally:
+        caffe.set_solver_count(1)
+        monkeypatch.setattr(world, "_group", None)
+    assert caffe.solver_count() == 1 and caffe.solver_rank() == 0 and isinstance(caffe.has_nccl(), bool)

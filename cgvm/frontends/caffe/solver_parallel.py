@@ -31,9 +31,9 @@ def group() -> Any:
 
     try:
         g = dist.init(require=count > 1)
-    except Exception as e:   # mpi4py missing: say how to get it
-        raise CaffeError(f"solver_count is {count}: multi-solver training runs one process per solver under MPI; "
-                         f"{e}") from None
+    except Exception as e:   # no launcher, or mpi4py missing: say how to launch / install
+        raise CaffeError(f"solver_count is {count}: multi-solver training runs one process per solver under MPI "
+                         f"(`mpiexec -n {count} ...`); {e}") from None
     if count > 1 and (g.size != count or g.rank != rank):
         raise CaffeError(f"solver_count {count} / solver_rank {rank} do not match this MPI run (rank {g.rank} of "
                          f"{g.size}); launch with `mpiexec -n {count} ...` and give each process its rank")
