@@ -66,3 +66,9 @@ def test_theano_style_two_ranks_equal_one_process(tmp_path):
     for k, want in ref.items():
         assert np.array_equal(w0[k], w1[k])
         assert np.abs(w0[k] - want).max() / np.abs(want).max() < 1e-5, k
+
+
+def test_collectives_on_arrays_workspace_entries_and_dlpack_tensors(tmp_path):
+    r = run_ranks(2, [program("collectives.py")], cwd=tmp_path)
+    assert r.returncode == 0, r.output
+    assert "rank 0 ok" in r.output and "rank 1 ok" in r.output
