@@ -208,14 +208,19 @@ _group: Any = None
 _hooks_installed = False
 
 
-def init(*, device: str = "cpu", require: bool = False) -> Any:
+def init(*, device: Optional[str] = None, require: bool = False) -> Any:
     """The process group of this run, initialising MPI on first use when a launcher started us.
 
     ``require=True`` raises (with the install command) when no MPI launcher is found or mpi4py
     is missing; otherwise a plain launch gives a group of one process.
-    ``device="gpu"``: gradients on CuPy arrays are reduced with NCCL (unique id sent over MPI).
+    ``device="gpu"``: gradients on CuPy arrays are reduced with NCCL (unique id sent over MPI); the
+    default is "gpu" when ``CGVM_BACKEND=cupy`` selects the GPU backend, else "cpu".
     """
     global _group
+    if device is None:
+        device = "gpu" if os.environ.get("CGVM_BACKEND", "").lower() == "cupy" else "cpu"
+    if device not in ("cpu", "gpu"):
+        raise DistributedError(f"device must be 'cpu' or 'gpu', got {device!r}")
     if _group is not None and (device == "cpu" or _group.device == device):
         return _group
     found = launcher_environment()

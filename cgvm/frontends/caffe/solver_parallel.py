@@ -29,8 +29,10 @@ def group() -> Any:
     count, rank = data_shard.solver_count(), data_shard.solver_rank()
     import cgvm.distributed as dist
 
+    from cgvm.frontends.caffe.pycaffe import _mode
+
     try:
-        g = dist.init(require=count > 1)
+        g = dist.init(require=count > 1, device="gpu" if _mode["backend"] == "cupy" else None)
     except Exception as e:   # no launcher, or mpi4py missing: say how to launch / install
         raise CaffeError(f"solver_count is {count}: multi-solver training runs one process per solver under MPI "
                          f"(`mpiexec -n {count} ...`); {e}") from None
