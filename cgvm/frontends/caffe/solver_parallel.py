@@ -84,8 +84,10 @@ def reduce_entries(solver: Any, entries: List[Tuple[Any, Any, Any, Any]]) -> Lis
     shapes = [(info.name, [list(s) for s in info.data.top_shapes()]) for info in net.layer_infos
               if info.data is not None and hasattr(info.data, "top_shapes")]
     signature = {"solver": solver.type_name, "iter_size": int(solver.param.iter_size), "data": shapes}
+    # layer_wise_reduce: false is Caffe's one reduction after the whole backward pass: one bucket
+    one_bucket = None if solver.param.layer_wise_reduce else 1 << 62
     grads = dist.reduce_gradients([g for _, _, g, _ in entries], names=[p.name for p, _, _, _ in entries],
-                                  group=group(), signature=signature)
+                                  group=group(), signature=signature, bucket_bytes=one_bucket)
     return [(p, w, g, h) for (p, w, _, h), g in zip(entries, grads)]
 
 
@@ -114,7 +116,8 @@ class NCCL:
 
     ``bcast()`` sends rank 0's weights to every solver; ``solver.add_callback(nccl)`` and
     ``solver.net.after_backward(nccl)`` are accepted as in Caffe's python/train.py (the reduction
-    itself is compiled into the solver's step).
+    itself is compiled into the solver's step: layer by layer as backward makes the gradients,
+    or in one bucket after it with ``layer_wise_reduce: false``).
     """
 
     def __init__(self, solver: Any, uid: Any = None):

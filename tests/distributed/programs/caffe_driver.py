@@ -22,6 +22,8 @@ if resume:
 nccl = caffe.NCCL(solver, caffe.NCCL.new_uid())
 nccl.bcast()
 solver.add_callback(nccl)
+if solver.param.layer_wise_reduce:
+    solver.net.after_backward(nccl)   # as python/train.py
 fault = os.environ.get("CGVM_TEST_FAULT", "")
 kill_rank, kill_iter = (int(v) for v in fault.split(":")[1:]) if fault else (-1, -1)
 while solver.iter < iters:
