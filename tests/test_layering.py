@@ -5,6 +5,7 @@
     cgvm.autodiff   builds graphs with cgvm.ir and cgvm.ops only
     cgvm.backend    imports nothing of ir, ops, autodiff, compiler, vm, function, frontends
     cgvm.vm         never imports cgvm.compiler, cgvm.compiled or the frontends
+    cgvm.distributed imports only cgvm.ir, cgvm.ops, cgvm.autodiff and cgvm.errors
     cgvm.frontends  never import the VM's internals (cgvm.vm.interpreter, cgvm.vm.bytecode) or the
                     compiler's internals (its submodules; the cgvm.compiler package is public)
 
@@ -144,6 +145,8 @@ RULES = [
          why="the VM runs programs; it does not compile them"),
     Rule("cgvm.frontends", forbidden=("cgvm.vm.interpreter", "cgvm.vm.bytecode", "cgvm.compiler.*"),
          why="frontends never touch the VM's or the compiler's internals"),
+    Rule("cgvm.distributed", allowed=("cgvm.ir", "cgvm.ops", "cgvm.autodiff", "cgvm.errors"),
+         why="data parallelism is graph ops and MPI: frontends use it, it uses no frontend, VM or compiler"),
 ]
 
 
