@@ -35,7 +35,7 @@ _LAUNCHERS = (
 )
 
 #: seconds a rank waits for a collective before it declares its peers lost (CGVM_DIST_TIMEOUT)
-DEFAULT_TIMEOUT = 600.0
+DEFAULT_TIMEOUT = 1800.0
 
 
 def launcher_environment(env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:

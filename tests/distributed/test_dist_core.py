@@ -72,3 +72,12 @@ def test_collectives_on_arrays_workspace_entries_and_dlpack_tensors(tmp_path):
     r = run_ranks(2, [program("collectives.py")], cwd=tmp_path)
     assert r.returncode == 0, r.output
     assert "rank 0 ok" in r.output and "rank 1 ok" in r.output
+
+
+def test_a_stuck_rank_makes_the_others_time_out_instead_of_hanging(tmp_path):
+    r = run_ranks(2, [program("core_mlp.py"), str(tmp_path / "s"), "16", "100"], cwd=tmp_path,
+                  env={"CGVM_TEST_FAULT": "stall:1:5", "CGVM_DIST_TIMEOUT": "2"}, timeout=60)
+    assert r.returncode != 0
+    assert r.seconds < 30, f"took {r.seconds:.1f} s"
+    assert re.search(r"rank 0 of 2: the allreduce of gradient bucket \d+ did not complete within 2 s", r.output), \
+        r.output

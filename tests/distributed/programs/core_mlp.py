@@ -21,7 +21,7 @@ Y = rng.integers(0, 3, len(X)).astype(np.int64)
 ws = cgvm.Workspace()
 # each rank starts from different weights: the broadcast from rank 0 must make them equal
 init = np.random.default_rng(100 + g.rank)
-fault = os.environ.get("CGVM_TEST_FAULT", "")    # "raise:R:STEP", "kill:R:STEP" or "hidden:R" (a different net)
+fault = os.environ.get("CGVM_TEST_FAULT", "")    # "raise:R:STEP", "kill:R:STEP", "stall:R:STEP" or "hidden:R"
 kind, fault_rank, fault_step = (fault.split(":") + ["", "", ""])[:3] if fault else ("", "-1", "-1")
 hidden = 17 if kind == "hidden" and g.rank == int(fault_rank) else 16
 shapes = {"w1": (12, hidden), "b1": (hidden,), "w2": (hidden, 3), "b2": (3,)}
@@ -40,7 +40,10 @@ step = cgvm.compile([x, y], loss, workspace=ws,
                     updates={p: E.sub(p, E.mul(gr, 0.1)) for p, gr in zip(params.values(), grads)})
 rows = dist.shard_rows(global_batch)
 for i in range(steps):
-    if kind in ("raise", "kill") and g.rank == int(fault_rank) and i == int(fault_step):
+    if kind in ("raise", "kill", "stall") and g.rank == int(fault_rank) and i == int(fault_step):
+        if kind == "stall":          # alive but stuck: the peers' collective times out
+            import time
+            time.sleep(60)
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"injected failure at step {i}")
