@@ -209,7 +209,9 @@ def main(argv=None) -> int:
     from .harness import machine
 
     rounds = 1 if args.quick else 3
-    os.environ["CGVM_NUM_THREADS"] = "1"     # what every worker runs with
+    import cgvm
+
+    cgvm.set_num_threads(1)     # what every worker runs with (the driver itself computes nothing)
     print(f"Machine: {machine()}\n")
     print("| net | configuration | step | samples/s | vs 1 process | added by the allreduce |")
     print("|---|---|---|---|---|---|")

@@ -324,7 +324,9 @@ class TrainingMixin:
         sums: Dict[str, float] = {}
         for step in range(nsteps):
             sl = slice(step * batch_size, (step + 1) * batch_size)
-            sl, factor = dist_mod.local_rows(np.arange(n)[sl])   # DataParallel: this rank's share
+            factor = 1.0
+            if dist_mod.active_group() is not None:   # DataParallel: this rank's share
+                sl, factor = dist_mod.local_rows(np.arange(n)[sl])
             batch = self._run_step([a[sl] for a in xs], [a[sl] for a in ys],
                                    [a[sl] * np.float32(factor) if factor != 1.0 else a[sl] for a in sws], False)
             batch = dist_mod.global_logs(batch)
@@ -345,9 +347,11 @@ class TrainingMixin:
         n = len(xs[0])
         batch_size = batch_size or 32
         chunks: List[List[np.ndarray]] = []
-        rows = dist_mod.local_rows(np.arange(n))[0] if dist_mod.active_group() is not None else np.arange(n)
-        for start in range(0, len(rows), batch_size):
-            outs = fn(*self._feed([a[rows[start:start + batch_size]] for a in xs], in_types))
+        if dist_mod.active_group() is not None:   # DataParallel: this rank's rows, gathered below
+            mine = dist_mod.local_rows(np.arange(n))[0]
+            xs, n = [a[mine] for a in xs], len(mine)
+        for start in range(0, n, batch_size):
+            outs = fn(*self._feed([a[start:start + batch_size] for a in xs], in_types))
             chunks.append([K.as_array(o) for o in outs])
         results = dist_mod.gather_rows([np.concatenate([c[k] for c in chunks]) for k in range(len(chunks[0]))])
         if len(results) == 1:
