@@ -234,7 +234,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         check_backend_environment()
         code = COMMANDS[args.command][2](args)
         sys.stdout.flush()   # inside the try: a reader that closed the pipe is noticed here
-        return code
+        return _distributed_exit(code)
     except UsageError as exc:
         sub.error(str(exc))   # the command's usage, then the message; exits 2
     except (CgvmError, OSError) as exc:
@@ -243,7 +243,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if debug:
             traceback.print_exc()
         print(f"cgvm {args.command}: error: {_describe(exc)}", file=sys.stderr)
-        return 2
+        return _distributed_exit(2)
     except KeyboardInterrupt:
         print(f"cgvm {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -266,6 +266,12 @@ def _closed_pipe() -> int:
     except (OSError, ValueError):
         pass
     return 141
+
+
+def _distributed_exit(code: int) -> int:
+    """Under MPI, a rank exiting with an error aborts the others (they would wait in a collective)."""
+    dist = sys.modules.get("cgvm.distributed")
+    return dist.exit_code(code) if dist is not None else code
 
 
 if __name__ == "__main__":

@@ -104,3 +104,7 @@ class LoadError(CgvmError):
 
 class LoadTimeout(LoadError):
     """Reading a file did not finish in time (a library call that never returned was stopped)."""
+
+
+class DistributedError(CgvmError):
+    """Data-parallel training cannot go on: MPI missing, ranks disagree, a peer rank failed or timed out."""

@@ -11,6 +11,7 @@
     cgvm.compiled   ties compiler, VM and backends together; never the frontends or the command line
     cgvm.dlpack     sits on the backends (and cgvm.errors) only
     cgvm.cli        drives the public API: never the VM's internals (the interpreter, the bytecode)
+    cgvm.distributed imports only cgvm.ir, cgvm.ops, cgvm.autodiff and cgvm.errors
     cgvm.frontends  never import the VM's internals (cgvm.vm.interpreter, cgvm.vm.bytecode) or the
                     compiler's internals (its submodules; the cgvm.compiler package is public),
                     nor another frontend (or its alias cgvm.caffe / cgvm.keras / cgvm.theano),
@@ -178,6 +179,8 @@ RULES = [
     Rule("cgvm.board", allowed=("cgvm.ir", "cgvm.ops", "cgvm.backend", "cgvm.errors", "cgvm.commands"),
          why="TensorBoard output reads graphs and functions; it builds on the IR and ops only"),
     Rule("cgvm.vm", forbidden=("cgvm.board",), why="the VM knows nothing of TensorBoard"),
+    Rule("cgvm.distributed", allowed=("cgvm.ir", "cgvm.ops", "cgvm.autodiff", "cgvm.errors"),
+         why="data parallelism is graph ops and MPI: frontends use it, it uses no frontend, VM or compiler"),
 ] + [Rule(f"cgvm.frontends.{name}", forbidden=_other_frontends(name),
           why="frontends meet in the IR, never in each other's code") for name in FRONTENDS]
 

@@ -17,6 +17,10 @@ from cgvm.frontends.caffe.symbolic import SymbolicNet, symbolic_net  # noqa: E40
 from cgvm.frontends.caffe.solver import (AdaDeltaSolver, AdaGradSolver, AdamSolver, NesterovSolver,  # noqa: E402
                                          RMSPropSolver, SGDSolver, get_solver)
 
+from cgvm.frontends.caffe.data_shard import (multiprocess, set_multiprocess, set_solver_count,  # noqa: E402
+                                             set_solver_rank, solver_count, solver_rank)
+from cgvm.frontends.caffe.solver_parallel import NCCL, has_nccl  # noqa: E402
+
 # `import caffe.io` / `import caffe.draw` work as in pycaffe: the submodules are these modules
 import sys as _sys  # noqa: E402
 
@@ -26,4 +30,6 @@ for _name, _module in (("io", io), ("draw", draw), ("net_spec", net_spec), ("cla
 __all__ = ["Net", "Layer", "Blob", "TRAIN", "TEST", "set_mode_cpu", "set_mode_gpu", "set_device", "set_random_seed",
            "layer_type_list", "proto", "__version__", "io", "draw", "net_spec", "classifier", "Classifier",
            "NetSpec", "layers", "params", "to_proto", "SGDSolver", "NesterovSolver", "AdaGradSolver",
-           "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "symbolic_net", "SymbolicNet"]
+           "RMSPropSolver", "AdaDeltaSolver", "AdamSolver", "get_solver", "symbolic_net", "SymbolicNet",
+           "solver_count", "solver_rank", "set_solver_count", "set_solver_rank", "set_multiprocess", "multiprocess",
+           "has_nccl", "NCCL"]

@@ -21,6 +21,7 @@ from ..ir.graph import Graph, verify
 from ..ir.types import TensorType
 from ..vm.bytecode import Program
 from .accumulate import fuse_accumulations
+from .collectives import schedule_collectives
 from .cse import eliminate_common_subexpressions
 from .fold import fold_constants
 from .fuse import fuse_elementwise, fuse_epilogues
@@ -62,6 +63,7 @@ PIPELINE: List[Pass] = [
                                                   "running in one buffer"),
     # keep last: passes that rebuild the graph from its outputs restore the depth-first order
     Pass("schedule", schedule_for_memory, ("prune",), "order the backward pass so that values die early"),
+    Pass("collectives", schedule_collectives, ("schedule",), "start gradient allreduces early, wait late"),
 ]
 
 

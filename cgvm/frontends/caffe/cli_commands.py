@@ -149,7 +149,10 @@ def _train(args: argparse.Namespace) -> int:
     weights = [w for w in args.weights.split(",") if w] if args.weights else None
     if args.snapshot:
         weights = []   # as Caffe: resuming ignores the solver file's weights
-    progress = _Progress(param.max_iter, not args.no_progress)
+    from cgvm.frontends.caffe.solver_parallel import join_mpi_run
+
+    root = join_mpi_run()   # under mpiexec/srun: one solver per rank, gradients averaged (docs/distributed.md)
+    progress = _Progress(param.max_iter, not args.no_progress and root)
     start = time.perf_counter()
     with _threads(args):
         solver = cls(args.solver, param=param, backend=backend, log=progress, weights=weights,
@@ -179,6 +182,8 @@ def _train(args: argparse.Namespace) -> int:
                 board.close()
                 print(f"TensorBoard logs in {args.tensorboard} (cgvm board {args.tensorboard})")
     elapsed = time.perf_counter() - start
+    if not root:
+        return 0
     print(f"Trained {solver.iter} iterations in {elapsed:.1f} s ({solver.iter / max(elapsed, 1e-9):.1f} iter/s).")
     finals = {}
     for iteration, index, scores in solver.test_scores:

@@ -22,6 +22,7 @@ from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe.data_hdf5 import HDF5DataLayer, HDF5OutputLayer
 from cgvm.frontends.caffe.data_images import ImageDataLayer, WindowDataLayer
 from cgvm.frontends.caffe.data_lmdb import LMDBDataLayer
+from cgvm.frontends.caffe.data_shard import sharded
 from cgvm.frontends.caffe.layers.base import DATA_LAYERS, register_data_layer
 
 DataLayerFactory = Callable[[caffe_pb2.LayerParameter, int, Any], Any]
@@ -36,4 +37,4 @@ FACTORIES: Dict[str, DataLayerFactory] = {
 
 for _name, _factory in FACTORIES.items():
     if _name not in DATA_LAYERS:
-        register_data_layer(_name)(_factory)
+        register_data_layer(_name)(sharded(_name, _factory))   # several solvers: each rank's share

@@ -15,6 +15,7 @@ from cgvm.frontends.caffe import caffe_pb2
 from cgvm.frontends.caffe import net as _net
 from cgvm.frontends.caffe import weights as _weights
 from cgvm.frontends.caffe.blob import Blob
+from cgvm.frontends.caffe.errors import CaffeError
 from cgvm.frontends.caffe.layers import CONVERTERS, DATA_LAYERS
 from cgvm.frontends.caffe.layers.python_layer import Layer
 
@@ -102,6 +103,15 @@ class Net(_net.Net):
 
     def _forward_indices(self, start: int, end: int) -> float:
         return self._forward(start, end)
+
+    def after_backward(self, callback: Any) -> None:
+        """pycaffe's per-layer hook, for ``caffe.NCCL`` (python/train.py's layer-wise reduction): the
+        gradient reduction is compiled into the solver's step, so an NCCL object needs no call here."""
+        from cgvm.frontends.caffe.solver_parallel import NCCL
+
+        if not isinstance(callback, NCCL):
+            raise CaffeError("Net.after_backward: per-layer Python callbacks are not supported (a net's backward "
+                             "pass is one compiled program); only a caffe.NCCL object is accepted")
 
     def backward(self, diffs: Optional[Sequence[str]] = None, start: Optional[str] = None,
                  end: Optional[str] = None, **kwargs: Any) -> Dict[str, Any]:

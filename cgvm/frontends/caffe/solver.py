@@ -23,6 +23,7 @@ import numpy as np
 from cgvm.env import check_bytes, shape_bytes
 
 from cgvm.frontends.caffe import caffe_pb2
+from cgvm.frontends.caffe import solver_parallel
 from cgvm.frontends.caffe import solver_state
 from cgvm.frontends.caffe import solver_updates as su
 from cgvm.frontends.caffe import weights as _weights
@@ -61,6 +62,11 @@ class Solver:
         self.param = param
         self.solver_file = solver_file
         self.log_stream = sys.stderr if log is None else (None if log is False else log)
+        self._solver_count = solver_parallel.data_shard.solver_count()
+        if self._solver_count > 1:
+            solver_parallel.group()                    # fails early, with the fix, outside an MPI run
+            if not solver_parallel.is_root():
+                self.log_stream = None                 # rank 0 alone logs, tests and snapshots (Caffe's root)
         su.check_solver_param(param, self.type_name)
         self.iter = 0
         self.current_step = 0
@@ -71,7 +77,7 @@ class Solver:
         self.listeners: List[Any] = []   # told of displays and tests (log_to_tensorboard)
         self.test_scores: List[Tuple[int, int, "OrderedDict[str, float]"]] = []  # (iter, test net, means)
         self._net_options = dict(allow_python_layers=allow_python_layers)
-        seed = int(param.random_seed) if param.random_seed >= 0 else None
+        seed = solver_parallel.shared_seed(int(param.random_seed) if param.random_seed >= 0 else None)
         self.workspace = Workspace(_default_backend() if backend is None else backend)
         self.net = self._make_net(*self._train_source(), caffe_pb2.TRAIN, param.train_state, seed, level, stages)
         self.test_nets = [self._make_net(src, name, caffe_pb2.TEST, state, None if seed is None else seed + 1 + i,
@@ -201,6 +207,8 @@ class Solver:
                 resets[acc] = shp.zeros_like(acc)
                 g = ew.add(acc, g)
             entries.append((p, w, g, h))
+        entries = solver_parallel.reduce_entries(self, entries)   # several solvers: the mean gradient
+        solver_parallel.broadcast_state(self)                     # ... from rank 0's weights
         self._output_names = list(tg.outputs)
         outputs = [tg.loss] + list(tg.outputs.values())
         self._step_fn = self._update_function(entries, rate, corr, outputs, {**tg.state_updates, **resets},
@@ -242,7 +250,8 @@ class Solver:
         self._losses, self._smoothed, self._loss_start = [], 0.0, self.iter   # Caffe restarts the average
         tick, tick_iter = time.perf_counter(), self.iter
         while self.iter < stop:
-            if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
+            if (p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization)
+                    and solver_parallel.is_root()):
                 self.test_all()
             for on_start, _ in self._callbacks:
                 on_start()
@@ -294,7 +303,7 @@ class Solver:
             loss = self.net._forward(0, len(self.net.layer_infos) - 1)
             self._update_smoothed_loss(loss)
             self._log(f"Iteration {self.iter}, loss = {self._smoothed:.6g}")
-        if p.test_interval and self.iter % p.test_interval == 0:
+        if p.test_interval and self.iter % p.test_interval == 0 and solver_parallel.is_root():
             self.test_all()
         self._log("Optimization Done.")
 
@@ -374,8 +383,11 @@ class Solver:
         """Make ``net`` use the train net's weights (by layer name)."""
         _weights.share_with(net, self.net)
 
-    def add_callback(self, on_start: Callable[[], None], on_gradients_ready: Callable[[], None]) -> None:
-        """Call ``on_start`` before and ``on_gradients_ready`` after each compiled step."""
+    def add_callback(self, on_start: Any, on_gradients_ready: Optional[Callable[[], None]] = None) -> None:
+        """Call ``on_start`` before and ``on_gradients_ready`` after each compiled step (or give one
+        object with both methods, such as ``caffe.NCCL``, as pycaffe allows)."""
+        if on_gradients_ready is None:
+            on_start, on_gradients_ready = on_start.on_start, on_start.on_gradients_ready
         self._callbacks.append((on_start, on_gradients_ready))
 
     def log_to_tensorboard(self, log_dir: str) -> Any:
@@ -391,7 +403,10 @@ class Solver:
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> Tuple[str, str]:
-        """Write ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate`` (``.h5`` both for HDF5)."""
+        """Write ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate`` (``.h5`` both for HDF5); with
+        several solvers only rank 0 writes (the others return the paths it writes)."""
+        if not solver_parallel.is_root():
+            return solver_state.snapshot_paths(self)
         return solver_state.write_snapshot(self)
 
     def restore(self, state_file: str) -> None:

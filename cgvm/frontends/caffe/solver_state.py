@@ -28,22 +28,43 @@ if TYPE_CHECKING:
 RUN_STATE_SUFFIX = ".cgvm-run.json"
 
 
-def write_snapshot(solver: "Solver") -> Tuple[str, str]:
-    """Write ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate`` (``.h5`` both for HDF5); their paths."""
+def snapshot_paths(solver: "Solver") -> Tuple[str, str]:
+    """The (weights, solver state) paths a snapshot at the current iteration writes."""
     p = solver.param
     prefix = p.snapshot_prefix or (os.path.splitext(solver.solver_file)[0] if solver.solver_file else "snapshot")
     hdf5 = p.snapshot_format == caffe_pb2.SolverParameter.HDF5
-    model = f"{prefix}_iter_{solver.iter}.caffemodel" + (".h5" if hdf5 else "")
-    state = f"{prefix}_iter_{solver.iter}.solverstate" + (".h5" if hdf5 else "")
+    return (f"{prefix}_iter_{solver.iter}.caffemodel" + (".h5" if hdf5 else ""),
+            f"{prefix}_iter_{solver.iter}.solverstate" + (".h5" if hdf5 else ""))
+
+
+def _partial(path: str) -> str:
+    """Where ``path`` is written before it is renamed into place: a killed process leaves no
+    half-written snapshot under the real name (and the previous snapshot untouched)."""
+    return f"{path}.partial-{os.getpid()}"
+
+
+def write_snapshot(solver: "Solver") -> Tuple[str, str]:
+    """Write ``<prefix>_iter_<N>.caffemodel`` and ``.solverstate`` (``.h5`` both for HDF5); their paths.
+
+    Each file is written under a temporary name and renamed into place; the solver state, which
+    a resume starts from, comes last, after the weights and the run state it names.
+    """
+    p = solver.param
+    hdf5 = p.snapshot_format == caffe_pb2.SolverParameter.HDF5
+    model, state = snapshot_paths(solver)
     kind = "HDF5 file" if hdf5 else "binary proto file"
     solver._log(f"Snapshotting to {kind} {model}")
-    (_weights.save_hdf5 if hdf5 else _weights.save)(solver.net, model, write_diff=p.snapshot_diff)
+    (_weights.save_hdf5 if hdf5 else _weights.save)(solver.net, _partial(model), write_diff=p.snapshot_diff)
+    os.replace(_partial(model), model)
+    with open(_partial(state + RUN_STATE_SUFFIX), "w") as f:
+        json.dump(_run_state(solver), f)
+    os.replace(_partial(state + RUN_STATE_SUFFIX), state + RUN_STATE_SUFFIX)
     solver._log(f"Snapshotting solver state to {kind} {state}")
     histories = _history_arrays(solver)
     if hdf5:
         import h5py
 
-        with h5py.File(state, "w") as f:
+        with h5py.File(_partial(state), "w") as f:
             f.create_dataset("iter", data=np.int32(solver.iter))
             f.create_dataset("learned_net", data=model.encode())
             f.create_dataset("current_step", data=np.int32(solver.current_step))
@@ -53,9 +74,8 @@ def write_snapshot(solver: "Solver") -> Tuple[str, str]:
     else:
         msg = caffe_pb2.SolverState(iter=solver.iter, learned_net=model, current_step=solver.current_step)
         msg.history.extend(array_to_blobproto(a) for a in histories)
-        write_solver_state(msg, state)
-    with open(state + RUN_STATE_SUFFIX, "w") as f:
-        json.dump(_run_state(solver), f)
+        write_solver_state(msg, _partial(state))
+    os.replace(_partial(state), state)
     return model, state
 
 

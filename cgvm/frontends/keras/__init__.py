@@ -8,13 +8,13 @@
 Layers accept and return symbolic tensors that expose ``__cgvm_value__()``, so they compose with
 cgvm Values and the other frontends' variables in one graph.
 """
-from . import (activations, backend, callbacks, constraints, initializers, layers, losses, metrics, ops, optimizers,
-               regularizers)
+from . import (activations, backend, callbacks, constraints, distribution, initializers, layers, losses, metrics, ops,
+               optimizers, regularizers)
 from .backend import KerasTensor, Variable
 from .layers import Input, InputLayer, Layer
 from .models import Functional, Model, Sequential, clone_model
 from .saving import load_model, model_from_json
 
-__all__ = ["activations", "backend", "callbacks", "constraints", "initializers", "layers", "losses", "metrics", "ops",
+__all__ = ["activations", "backend", "callbacks", "constraints", "distribution", "initializers", "layers", "losses", "metrics", "ops",
            "optimizers", "regularizers", "KerasTensor", "Variable", "Input", "InputLayer", "Layer", "Functional",
            "Model", "Sequential", "clone_model", "load_model", "model_from_json"]

@@ -20,6 +20,7 @@ from ...ir.types import TensorType
 from ...ops import elementwise as ew
 from . import backend as K
 from . import callbacks as callbacks_mod
+from . import distribution as dist_mod
 from . import losses as losses_mod
 from . import metrics as metrics_mod
 from . import optimizers as optimizers_mod
@@ -176,12 +177,16 @@ class TrainingMixin:
         if train:
             trainable = self.trainable_weights
             grads = grad(total, [w.value for w in trainable], disconnected_inputs="ignore")
+            grads = dist_mod.reduce_gradients(grads, [w.value.name for w in trainable])   # DataParallel
             updates.update(self.optimizer.updates(trainable, grads))
             for param, new in scope.updates.values():
                 updates[param] = new
         inputs = x_vals + y_vals + sw_vals + ([seed] if train else [])
         fn = cg_compile(inputs, results, updates=updates, workspace=K.get_workspace(),
                         name=f"{self.name}_{'train' if train else 'test'}_step")
+        if train:   # DataParallel: every rank starts from rank 0's weights and optimizer state
+            dist_mod.broadcast_weights(K.get_workspace(), [p.name for p in updates] +
+                                       [w.value.name for w in self.weights])
         return fn, names, in_types, [v.type for v in y_vals]
 
     def _function(self, xs, ys, train: bool):
@@ -264,25 +269,31 @@ class TrainingMixin:
         steps = max(1, -(-n // batch_size))
         verbose = 1 if verbose == "auto" else int(verbose)
         history = callbacks_mod.History()
+        if not dist_mod.is_root():   # DataParallel: callbacks and the progress bar run on rank 0
+            verbose, callbacks = 0, None
         cbs = [history] + ([callbacks_mod.ProgbarLogger(verbose)] if verbose else []) + _as_list(callbacks)
         cb = callbacks_mod.CallbackList(cbs, self, {"epochs": epochs, "steps": steps, "verbose": verbose})
         self.stop_training = False
         cb.on_train_begin()
         for epoch in range(initial_epoch, epochs):
             cb.on_epoch_begin(epoch)
-            order = np.random.permutation(n) if shuffle else np.arange(n)
+            order = dist_mod.same_order(np.random.permutation(n) if shuffle else np.arange(n))
             sums: Dict[str, float] = {}
             seen = 0
             logs: Dict[str, float] = {}
             for step in range(steps):
                 idx = order[step * batch_size:(step + 1) * batch_size]
                 cb.on_train_batch_begin(step)
-                batch = self._run_step([a[idx] for a in xs], [a[idx] for a in ys], [a[idx] for a in sws], True)
+                mine, factor = dist_mod.local_rows(idx)   # DataParallel: this rank's share
+                batch = self._run_step([a[mine] for a in xs], [a[mine] for a in ys],
+                                       [a[mine] * np.float32(factor) if factor != 1.0 else a[mine] for a in sws], True)
+                batch = dist_mod.global_logs(batch)
                 seen += len(idx)
                 for k, v in batch.items():
                     sums[k] = sums.get(k, 0.0) + v * len(idx)
                 logs = {k: v / seen for k, v in sums.items()}
                 cb.on_train_batch_end(step, dict(logs))
+                self.stop_training = dist_mod.root_decides(self.stop_training)
                 if self.stop_training:
                     break
             epoch_logs = dict(logs)
@@ -309,7 +320,7 @@ class TrainingMixin:
         sws = self._weights_for(ys, sample_weight, None)
         batch_size = batch_size or 32
         nsteps = max(1, -(-n // batch_size))
-        verbose = 1 if verbose == "auto" else int(verbose)
+        verbose = 1 if verbose == "auto" and dist_mod.is_root() else (int(verbose) if dist_mod.is_root() else 0)
         bar = callbacks_mod.Progbar(nsteps, verbose=verbose) if verbose else None
         # fit passes its CallbackList (the callbacks see validation as Keras' do); a list is wrapped
         cb = callbacks if isinstance(callbacks, callbacks_mod.CallbackList) else callbacks_mod.CallbackList(
@@ -319,8 +330,13 @@ class TrainingMixin:
         for step in range(nsteps):
             sl = slice(step * batch_size, (step + 1) * batch_size)
             cb.on_test_batch_begin(step)
-            batch = self._run_step([a[sl] for a in xs], [a[sl] for a in ys], [a[sl] for a in sws], False)
-            count = len(xs[0][sl])
+            factor = 1.0
+            if dist_mod.active_group() is not None:   # DataParallel: this rank's share
+                sl, factor = dist_mod.local_rows(np.arange(n)[sl])
+            batch = self._run_step([a[sl] for a in xs], [a[sl] for a in ys],
+                                   [a[sl] * np.float32(factor) if factor != 1.0 else a[sl] for a in sws], False)
+            batch = dist_mod.global_logs(batch)
+            count = len(xs[0][step * batch_size:(step + 1) * batch_size])
             for k, v in batch.items():
                 sums[k] = sums.get(k, 0.0) + v * count
             cb.on_test_batch_end(step, {k: v / min(n, (step + 1) * batch_size) for k, v in sums.items()})
@@ -339,10 +355,13 @@ class TrainingMixin:
         n = len(xs[0])
         batch_size = batch_size or 32
         chunks: List[List[np.ndarray]] = []
+        if dist_mod.active_group() is not None:   # DataParallel: this rank's rows, gathered below
+            mine = dist_mod.local_rows(np.arange(n))[0]
+            xs, n = [a[mine] for a in xs], len(mine)
         for start in range(0, n, batch_size):
             outs = fn(*self._feed([a[start:start + batch_size] for a in xs], in_types))
             chunks.append([K.as_array(o) for o in outs])
-        results = [np.concatenate([c[k] for c in chunks]) for k in range(len(chunks[0]))]
+        results = dist_mod.gather_rows([np.concatenate([c[k] for c in chunks]) for k in range(len(chunks[0]))])
         if len(results) == 1:
             return results[0]
         struct = getattr(self, "_output_struct", None)
