@@ -63,7 +63,8 @@ PIPELINE: List[Pass] = [
                                                   "running in one buffer"),
     # keep last: passes that rebuild the graph from its outputs restore the depth-first order
     Pass("schedule", schedule_for_memory, ("prune",), "order the backward pass so that values die early"),
-    Pass("collectives", schedule_collectives, ("schedule",), "start gradient allreduces early, wait late"),
+    # after schedule when both run (pipeline order), but it does not need it: it places collectives in any order
+    Pass("collectives", schedule_collectives, (), "start gradient allreduces early, wait late"),
 ]
 
 

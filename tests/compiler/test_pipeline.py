@@ -69,7 +69,7 @@ def test_the_command_line_takes_only_known_passes_and_lists_them(capsys):
     assert "unknown pass 'bogus'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["compile", "--help"])
-    assert "epilogues, fuse, schedule, or all" in " ".join(capsys.readouterr().out.split())
+    assert "epilogues, fuse, schedule, collectives, or all" in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_function_runs_the_stages_per_signature():
