@@ -168,7 +168,8 @@ def _train(args: argparse.Namespace) -> int:
                       f"solver's max_iter is {param.max_iter}; raise max_iter in {args.solver} to train on. "
                       "The snapshot was left as it is.")
                 return 0
-        board = solver.log_to_tensorboard(args.tensorboard) if args.tensorboard else None
+        # under MPI rank 0 alone logs, as it alone displays and tests
+        board = solver.log_to_tensorboard(args.tensorboard) if args.tensorboard and root else None
         try:
             solver.solve(None)
         except KeyboardInterrupt:   # Caffe's default SIGINT effect: stop, keeping a snapshot
