@@ -62,13 +62,19 @@ class Function:
     ``recompute="sqrt"`` (or a list of forward values to drop) recomputes activations in the
     backward pass instead of keeping them: O(sqrt(n)) activation memory for a deep net at the
     cost of about one more forward pass (see cgvm.compiler.recompute).
+
+    ``update_held_arrays=True``: an update writes into the parameter's current array (in place
+    where the program can, else copied in after the call), so whoever holds that array sees the
+    new value, as pycaffe's blobs behave; a change of shape or dtype still rebinds the name.
+    By default an update never writes into memory someone else can still see.
     """
 
     def __init__(self, inputs: Sequence[Value], outputs: Union[Value, Sequence[Value]], *,
                  updates: Optional[Mapping[Any, Value]] = None, workspace: Optional[Workspace] = None,
                  backend: Any = None, passes: Optional[Sequence[str]] = None, plan: bool = True,
                  inplace: bool = True, debug: bool = False, print_after: Iterable[str] = (),
-                 engine: str = "threaded", name: str = "function", recompute: Any = None):
+                 engine: str = "threaded", name: str = "function", recompute: Any = None,
+                 update_held_arrays: bool = False):
         self.single = isinstance(outputs, Value)
         outs = [outputs] if self.single else list(outputs)
         self.workspace = workspace if workspace is not None else (
@@ -95,8 +101,10 @@ class Function:
         self.program = generate(self.graph)
         self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
         recyclable = range(self.n_outputs, self.n_outputs + len(self.update_names))
+        self.update_held_arrays = bool(update_held_arrays)
         self.executable = Executable(self.program, self.workspace, planner=self.runtime.planner, recyclable=recyclable,
-                                     infer=infer_slot_types, specialize=specialize, runtime=self.runtime, engine=engine)
+                                     infer=infer_slot_types, specialize=specialize, runtime=self.runtime, engine=engine,
+                                     update_held=self.update_held_arrays)
         self._asarray = self.workspace.backend.asarray
         self._array_type = self.workspace.backend.xp.ndarray
         self._in_dtypes = [v.dtype.np for v in graph.inputs]
@@ -127,7 +135,10 @@ class Function:
         lines.append(f"    if fr is None: fr = _prepare([{', '.join(names)}])")
         lines.append(f"    r = fr.run({', '.join(names)})")
         env["_update"] = self._apply_update
-        for k, name in enumerate(self.update_names):
+        if self.update_held_arrays and self.update_names:
+            env["_update_held"] = self._apply_updates_held
+            lines.append(f"    _update_held(fr.recycle_bin, r[{self.n_outputs}:])")
+        for k, name in enumerate(self.update_names if not self.update_held_arrays else ()):
             env[f"_u{k}"] = name
             lines.append(f"    _update(fr.recycle_bin, {k}, _u{k}, r[{self.n_outputs + k}])")
         if self.single:
@@ -154,6 +165,27 @@ class Function:
                         and old.shape == new.shape and old.dtype == new.dtype and old.flags.c_contiguous
                         and writeable(old))
             bin[k] = old if reusable else None
+
+    def _apply_updates_held(self, bin: list, news: Sequence[Any]) -> None:
+        """Write each update into its parameter's current array (``update_held_arrays``).
+
+        Updates the program already wrote in place are the arrays themselves; the others are
+        copied in, after the program has finished reading every old value. A new value that is
+        (a view of) another updated parameter's array is copied out first, so the order of the
+        writes cannot change what is written.
+        """
+        data = self.workspace._data
+        olds = [data.get(name) for name in self.update_names]
+        targets = {id(o) for o in olds if o is not None}
+        news = [n.copy() if n is not o and (id(n) in targets or (n.base is not None and id(n.base) in targets))
+                else n for n, o in zip(news, olds)]
+        for k, (name, old, new) in enumerate(zip(self.update_names, olds, news)):
+            if new is old:
+                continue
+            if (old is not None and old.shape == new.shape and old.dtype == new.dtype and writeable(old)):
+                old[...] = new
+            else:
+                self.workspace.set(name, new)
 
     def _convert(self, i: int, a: Any) -> Any:
         want = self._in_dtypes[i]

@@ -50,7 +50,7 @@ class Executable:
 
     def __init__(self, program: Program, workspace: Workspace, *, planner: Optional[Planner] = None,
                  infer: Optional[Callable] = None, specialize: Optional[Callable] = None, runtime: Any = None,
-                 engine: str = "threaded", recyclable: Sequence[int] = ()):
+                 engine: str = "threaded", recyclable: Sequence[int] = (), update_held: bool = False):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.program = program
@@ -67,6 +67,8 @@ class Executable:
         # output positions whose previous buffers the caller hands back for reuse (parameter
         # updates: the old value of a parameter becomes the buffer of its next update)
         self.recyclable = tuple(recyclable)
+        # updates may overwrite a parameter's array even while others hold it (see Function)
+        self.update_held = update_held
         self.frames: Dict[Any, Frame] = {}
         self._consts = {s: self.backend.asarray(a) for s, a in program.const_slots}
 
@@ -133,7 +135,7 @@ class Executable:
             run, line_pc = lower(prog, kernels, views, self._consts, scalar_outputs,
                                  self.backend.xp.asarray, self.workspace._data,
                                  lambda exc, lp: self._threaded_error(exc, lp, prog), recycled, recycle_bin,
-                                 in_place)
+                                 in_place, self.update_held)
             return Frame(run, prog, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
         code = self._lower_loop(prog, views, kernels)
         return Frame(self._loop_runner(prog, code, scalar_outputs), prog, types, plan, buffers, code=code)
