@@ -63,6 +63,10 @@ class Function:
     backward pass instead of keeping them: O(sqrt(n)) activation memory for a deep net at the
     cost of about one more forward pass (see cgvm.compiler.recompute).
 
+    ``output_entries`` (one workspace name or None per output): where the caller will store each
+    output; the program's kernels write straight into those arrays when they fit (same shape and
+    dtype, not read by the program), so storing them costs nothing (pycaffe's blobs).
+
     ``update_held_arrays=True``: an update writes into the parameter's current array (in place
     where the program can, else copied in after the call), so whoever holds that array sees the
     new value, as pycaffe's blobs behave; a change of shape or dtype still rebinds the name.
@@ -74,7 +78,7 @@ class Function:
                  backend: Any = None, passes: Optional[Sequence[str]] = None, plan: bool = True,
                  inplace: bool = True, debug: bool = False, print_after: Iterable[str] = (),
                  engine: str = "threaded", name: str = "function", recompute: Any = None,
-                 update_held_arrays: bool = False):
+                 update_held_arrays: bool = False, output_entries: Optional[Sequence[Optional[str]]] = None):
         self.single = isinstance(outputs, Value)
         outs = [outputs] if self.single else list(outputs)
         self.workspace = workspace if workspace is not None else (
@@ -100,11 +104,18 @@ class Function:
         self.graph = optimize(graph) if recompute is None else self.recompute_plan.graph
         self.program = generate(self.graph)
         self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
-        recyclable = range(self.n_outputs, self.n_outputs + len(self.update_names))
+        # outputs with a workspace entry the program does not read: their kernels may write into that entry's array
+        read = {name for name, _ in self.program.param_slots}
+        self.output_entries = [(j, name) for j, name in enumerate(output_entries or ())
+                               if name is not None and name not in read and j < self.n_outputs]
+        self._n_output_buffers = len(self.output_entries)
+        updates_at = list(range(self.n_outputs, self.n_outputs + len(self.update_names)))
+        recyclable = [j for j, _ in self.output_entries] + updates_at
         self.update_held_arrays = bool(update_held_arrays)
+        self._output_targets: Dict[Any, List[Any]] = {}
         self.executable = Executable(self.program, self.workspace, planner=self.runtime.planner, recyclable=recyclable,
                                      infer=infer_slot_types, specialize=specialize, runtime=self.runtime, engine=engine,
-                                     update_held=self.update_held_arrays)
+                                     update_held=self.update_held_arrays, in_place_positions=updates_at)
         self._asarray = self.workspace.backend.asarray
         self._array_type = self.workspace.backend.xp.ndarray
         self._in_dtypes = [v.dtype.np for v in graph.inputs]
@@ -133,14 +144,25 @@ class Function:
         key = "".join(f"{a}.shape, " for a in names)
         lines.append(f"    fr = _get(({key}_ws.shape_epoch))")
         lines.append(f"    if fr is None: fr = _prepare([{', '.join(names)}])")
+        if self.output_entries:
+            env["_targets"], env["_buffers"] = self._output_targets, self._output_buffers
+            lines.append("    tg = _targets.get(fr)")
+            lines.append("    if tg is None: tg = _buffers(fr)")
+            lines.append("    b = fr.recycle_bin")
+            lines.append("    for i, n, sh, dt in tg:")
+            lines.append("        a = _ws._data.get(n)")
+            lines.append("        b[i] = a if a is not None and a.shape == sh and a.dtype == dt and a.flags.writeable "
+                         "and a.flags.c_contiguous else None")
         lines.append(f"    r = fr.run({', '.join(names)})")
+        if self.output_entries:
+            lines.append("    for i, n, sh, dt in tg: b[i] = None")
         env["_update"] = self._apply_update
         if self.update_held_arrays and self.update_names:
             env["_update_held"] = self._apply_updates_held
             lines.append(f"    _update_held(fr.recycle_bin, r[{self.n_outputs}:])")
         for k, name in enumerate(self.update_names if not self.update_held_arrays else ()):
             env[f"_u{k}"] = name
-            lines.append(f"    _update(fr.recycle_bin, {k}, _u{k}, r[{self.n_outputs + k}])")
+            lines.append(f"    _update(fr.recycle_bin, {k + self._n_output_buffers}, _u{k}, r[{self.n_outputs + k}])")
         if self.single:
             lines.append("    return r[0]")
         else:
@@ -165,6 +187,17 @@ class Function:
                         and old.shape == new.shape and old.dtype == new.dtype and old.flags.c_contiguous
                         and writeable(old))
             bin[k] = old if reusable else None
+
+    def _output_buffers(self, frame: Any) -> List[Any]:
+        """For a frame: (bin index, entry, shape, dtype) of the outputs whose kernels take a buffer."""
+        prog = frame.program
+        targets = []
+        for index, (position, name) in enumerate(self.output_entries):
+            t = frame.types[prog.output_slots[position]]
+            if index < len(frame.recycle_bin) and frame.recycle_bin[index] is not False and t.is_concrete:
+                targets.append((index, name, tuple(t.shape), np.dtype(t.dtype.np)))
+        self._output_targets[frame] = targets
+        return targets
 
     def _apply_updates_held(self, bin: list, news: Sequence[Any]) -> None:
         """Write each update into its parameter's current array (``update_held_arrays``).

@@ -50,7 +50,8 @@ class Executable:
 
     def __init__(self, program: Program, workspace: Workspace, *, planner: Optional[Planner] = None,
                  infer: Optional[Callable] = None, specialize: Optional[Callable] = None, runtime: Any = None,
-                 engine: str = "threaded", recyclable: Sequence[int] = (), update_held: bool = False):
+                 engine: str = "threaded", recyclable: Sequence[int] = (), update_held: bool = False,
+                 in_place_positions: Optional[Sequence[int]] = None):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.program = program
@@ -67,6 +68,9 @@ class Executable:
         # output positions whose previous buffers the caller hands back for reuse (parameter
         # updates: the old value of a parameter becomes the buffer of its next update)
         self.recyclable = tuple(recyclable)
+        # the recyclable positions that are parameter updates (may be written into the parameter itself);
+        # the others are outputs the caller gives buffers for
+        self.in_place_positions = self.recyclable if in_place_positions is None else tuple(in_place_positions)
         # updates may overwrite a parameter's array even while others hold it (see Function)
         self.update_held = update_held
         self.frames: Dict[Any, Frame] = {}
@@ -175,7 +179,7 @@ class Executable:
         producer = {ins.results[0]: pc for pc, ins in enumerate(prog.instrs)
                     if ins.opcode == CALL and len(ins.results) == 1}
         found: Dict[int, int] = {}
-        for position in self.recyclable:
+        for position in self.in_place_positions:
             out = outputs[position]
             pc = producer.get(out)
             if pc is None or outputs.count(out) != 1:
