@@ -204,8 +204,11 @@ class Executable:
         for index, position in enumerate(self.recyclable):
             s = slots[position]
             op = produced.get(s)
+            # a plain output repeated among the outputs takes the buffer at its first position (the caller
+            # copies the others from it); a parameter update only when it is the slot's one use
+            alone = slots.count(s) == 1 or position not in self.in_place_positions
             if (op is not None and op.writes_out and not op.view and types[s].is_concrete
-                    and slots.count(s) == 1 and s not in out):
+                    and alone and s not in out):
                 out[s] = index
         return out
 
