@@ -15,7 +15,7 @@ import numpy as np
 from .compiler import generate, prepare_signature, run_passes
 from .compiler.recompute import optimize_and_recompute
 from .errors import InputError
-from .ops.kernels.scratch import private_array
+from .ops.kernels.scratch import private_array, writeable
 from .pycode import define
 from .ir.graph import PARAM, Graph, Value
 from .vm.bytecode import dis
@@ -38,11 +38,14 @@ class SubgraphRuntime:
         self.plan, self.inplace = plan, inplace
         self._cache: Dict[int, Any] = {}
 
-    def stages(self, copied_outputs: Sequence[int] = (), recyclable: Sequence[int] = ()):
-        """The per-signature stages for a program of this runtime: ``(program, known) -> Signature``."""
+    def stages(self, copied_outputs: Sequence[int] = (), recyclable: Sequence[int] = (),
+               update_positions: Optional[Sequence[int]] = None):
+        """The per-signature stages for a program of this runtime: ``(program, known) -> Signature``.
+        ``update_positions``: the recyclable outputs that are parameter updates (None: all of them)."""
         def prepare(program, known):
             return prepare_signature(program, known, plan=self.plan, inplace=self.inplace,
-                                     copied_outputs=copied_outputs, recyclable=recyclable)
+                                     copied_outputs=copied_outputs, recyclable=recyclable,
+                                     update_positions=update_positions)
         return prepare
 
     def compile(self, graph: Graph, copied_outputs: Sequence[int] = ()):
@@ -65,13 +68,23 @@ class Function:
     ``recompute="sqrt"`` (or a list of forward values to drop) recomputes activations in the
     backward pass instead of keeping them: O(sqrt(n)) activation memory for a deep net at the
     cost of about one more forward pass (see cgvm.compiler.recompute).
+
+    ``output_entries`` (one workspace name or None per output): where the caller will store each
+    output; the program's kernels write straight into those arrays when they fit (same shape and
+    dtype, not read by the program), so storing them costs nothing (pycaffe's blobs).
+
+    ``update_held_arrays=True``: an update writes into the parameter's current array (in place
+    where the program can, else copied in after the call), so whoever holds that array sees the
+    new value, as pycaffe's blobs behave; a change of shape or dtype still rebinds the name.
+    By default an update never writes into memory someone else can still see.
     """
 
     def __init__(self, inputs: Sequence[Value], outputs: Union[Value, Sequence[Value]], *,
                  updates: Optional[Mapping[Any, Value]] = None, workspace: Optional[Workspace] = None,
                  backend: Any = None, passes: Optional[Sequence[str]] = None, plan: bool = True,
                  inplace: bool = True, debug: bool = False, print_after: Iterable[str] = (),
-                 engine: str = "threaded", name: str = "function", recompute: Any = None):
+                 engine: str = "threaded", name: str = "function", recompute: Any = None,
+                 update_held_arrays: bool = False, output_entries: Optional[Sequence[Optional[str]]] = None):
         self.single = isinstance(outputs, Value)
         outs = [outputs] if self.single else list(outputs)
         self.workspace = workspace if workspace is not None else (
@@ -97,10 +110,19 @@ class Function:
         self.graph = optimize(graph) if recompute is None else self.recompute_plan.graph
         self.program = generate(self.graph)
         self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
-        recyclable = range(self.n_outputs, self.n_outputs + len(self.update_names))
-        self.executable = Executable(self.program, self.workspace, prepare=self.runtime.stages(recyclable=recyclable),
-                                     recyclable=recyclable,
-                                     runtime=self.runtime, engine=engine)
+        # outputs with a workspace entry the program does not read: their kernels may write into that entry's array
+        read = {name for name, _ in self.program.param_slots}
+        self.output_entries = [(j, name) for j, name in enumerate(output_entries or ())
+                               if name is not None and name not in read and j < self.n_outputs]
+        self._n_output_buffers = len(self.output_entries)
+        updates_at = list(range(self.n_outputs, self.n_outputs + len(self.update_names)))
+        recyclable = [j for j, _ in self.output_entries] + updates_at
+        self.update_held_arrays = bool(update_held_arrays)
+        self._output_targets: Dict[Any, List[Any]] = {}
+        self.executable = Executable(self.program, self.workspace,
+                                     prepare=self.runtime.stages(recyclable=recyclable, update_positions=updates_at),
+                                     recyclable=recyclable, runtime=self.runtime, engine=engine,
+                                     update_held=self.update_held_arrays)
         self._asarray = self.workspace.backend.asarray
         self._array_type = self.workspace.backend.xp.ndarray
         self._in_dtypes = [v.dtype.np for v in graph.inputs]
@@ -129,11 +151,25 @@ class Function:
         key = "".join(f"{a}.shape, " for a in names)
         lines.append(f"    fr = _get(({key}_ws.shape_epoch))")
         lines.append(f"    if fr is None: fr = _prepare([{', '.join(names)}])")
+        if self.output_entries:
+            env["_targets"], env["_buffers"] = self._output_targets, self._output_buffers
+            lines.append("    tg = _targets.get(fr)")
+            lines.append("    if tg is None: tg = _buffers(fr)")
+            lines.append("    b = fr.recycle_bin")
+            lines.append("    for i, n, sh, dt in tg:")
+            lines.append("        a = _ws._data.get(n)")
+            lines.append("        b[i] = a if a is not None and a.shape == sh and a.dtype == dt and a.flags.writeable "
+                         "and a.flags.c_contiguous else None")
         lines.append(f"    r = fr.run({', '.join(names)})")
+        if self.output_entries:
+            lines.append("    for i, n, sh, dt in tg: b[i] = None")
         env["_update"] = self._apply_update
-        for k, name in enumerate(self.update_names):
+        if self.update_held_arrays and self.update_names:
+            env["_update_held"] = self._apply_updates_held
+            lines.append(f"    _update_held(fr.recycle_bin, r[{self.n_outputs}:])")
+        for k, name in enumerate(self.update_names if not self.update_held_arrays else ()):
             env[f"_u{k}"] = name
-            lines.append(f"    _update(fr.recycle_bin, {k}, _u{k}, r[{self.n_outputs + k}])")
+            lines.append(f"    _update(fr.recycle_bin, {k + self._n_output_buffers}, _u{k}, r[{self.n_outputs + k}])")
         if self.single:
             lines.append("    return r[0]")
         else:
@@ -156,6 +192,38 @@ class Function:
             reusable = (old is not None and old is not new and old.shape == new.shape and old.dtype == new.dtype
                         and old.flags.c_contiguous and private_array(old, in_container=False))
             bin[k] = old if reusable else None
+
+    def _output_buffers(self, frame: Any) -> List[Any]:
+        """For a frame: (bin index, entry, shape, dtype) of the outputs whose kernels take a buffer."""
+        prog = frame.program
+        targets = []
+        for index, (position, name) in enumerate(self.output_entries):
+            t = frame.types[prog.output_slots[position]]
+            if index < len(frame.recycle_bin) and frame.recycle_bin[index] is not False and t.is_concrete:
+                targets.append((index, name, tuple(t.shape), np.dtype(t.dtype.np)))
+        self._output_targets[frame] = targets
+        return targets
+
+    def _apply_updates_held(self, bin: list, news: Sequence[Any]) -> None:
+        """Write each update into its parameter's current array (``update_held_arrays``).
+
+        Updates the program already wrote in place are the arrays themselves; the others are
+        copied in, after the program has finished reading every old value. A new value that is
+        (a view of) another updated parameter's array is copied out first, so the order of the
+        writes cannot change what is written.
+        """
+        data = self.workspace._data
+        olds = [data.get(name) for name in self.update_names]
+        targets = {id(o) for o in olds if o is not None}
+        news = [n.copy() if n is not o and (id(n) in targets or (n.base is not None and id(n.base) in targets))
+                else n for n, o in zip(news, olds)]
+        for k, (name, old, new) in enumerate(zip(self.update_names, olds, news)):
+            if new is old:
+                continue
+            if (old is not None and old.shape == new.shape and old.dtype == new.dtype and writeable(old)):
+                old[...] = new
+            else:
+                self.workspace.set(name, new)
 
     def _convert(self, i: int, a: Any) -> Any:
         want = self._in_dtypes[i]

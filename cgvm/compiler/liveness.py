@@ -12,7 +12,7 @@ what they decided.
 """
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Sequence, Set
+from typing import Dict, NamedTuple, Optional, Sequence, Set
 
 from ..ir.types import TensorType
 from ..vm.bytecode import CALL, Instr, Program
@@ -87,8 +87,9 @@ class Liveness:
                     aliased[r] = read
         return params, aliased, last_read
 
-    def updates_in_place(self, recyclable: Sequence[int]) -> Dict[int, int]:
-        """Parameter slot -> the recyclable output slot whose kernel may overwrite that parameter.
+    def updates_in_place(self, updates: Sequence[int]) -> Dict[int, int]:
+        """Parameter slot -> the output slot (among the positions ``updates``) whose kernel may
+        overwrite that parameter.
 
         An update ``w' = f(w, ...)`` may be written into ``w``'s own array when ``f``'s op declares
         that input in-place, its instruction is the last to read ``w`` or anything that may alias
@@ -100,7 +101,7 @@ class Liveness:
         exposed = set().union(*(aliased.get(s, ()) for s in outputs))
         producer = {ins.results[0]: pc for pc, ins in self.calls if len(ins.results) == 1}
         found: Dict[int, int] = {}
-        for position in recyclable:
+        for position in updates:
             out = outputs[position]
             pc = producer.get(out)
             if pc is None or outputs.count(out) != 1:
@@ -114,8 +115,10 @@ class Liveness:
                     break
         return found
 
-    def recycled_outputs(self, recyclable: Sequence[int], types: Sequence[TensorType]) -> Dict[int, int]:
-        """Output slot -> recycle-bin index, for recyclable outputs a kernel writes into whole."""
+    def recycled_outputs(self, recyclable: Sequence[int], types: Sequence[TensorType],
+                         updates: Sequence[int]) -> Dict[int, int]:
+        """Output slot -> recycle-bin index, for recyclable outputs a kernel writes into whole.
+        ``updates``: the recyclable positions that are parameter updates."""
         prog = self.program
         produced = {ins.results[0]: prog.nodes[ins.node].op for _, ins in self.calls if len(ins.results) == 1}
         out: Dict[int, int] = {}
@@ -123,14 +126,21 @@ class Liveness:
         for index, position in enumerate(recyclable):
             s = slots[position]
             op = produced.get(s)
+            # a plain output repeated among the outputs takes the buffer at its first position (the caller
+            # copies the others from it); a parameter update only when it is the slot's one use
+            alone = slots.count(s) == 1 or position not in updates
             if (op is not None and op.writes_out and not op.view and types[s].is_concrete
-                    and slots.count(s) == 1 and s not in out):
+                    and alone and s not in out):
                 out[s] = index
         return out
 
-    def update_plan(self, recyclable: Sequence[int], types: Sequence[TensorType]) -> UpdatePlan:
-        recycled = self.recycled_outputs(recyclable, types)
-        in_place = {s: recycled[out] for s, out in self.updates_in_place(recyclable).items() if out in recycled}
+    def update_plan(self, recyclable: Sequence[int], types: Sequence[TensorType],
+                    updates: Optional[Sequence[int]] = None) -> UpdatePlan:
+        """``recyclable``: output positions the caller hands buffers back for; ``updates``: those of
+        them that are parameter updates (all, when None), which may overwrite their parameter."""
+        updates = tuple(recyclable) if updates is None else tuple(updates)
+        recycled = self.recycled_outputs(recyclable, types, updates)
+        in_place = {s: recycled[out] for s, out in self.updates_in_place(updates).items() if out in recycled}
         return UpdatePlan(recycled, in_place)
 
 

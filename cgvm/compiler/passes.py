@@ -79,6 +79,7 @@ class Signature:
     copied_outputs: Tuple[int, ...] = ()   # outputs the caller copies at once (see specialize)
     inplace: bool = True                   # let the planner update inputs in place
     recyclable: Tuple[int, ...] = ()       # output positions whose previous arrays the caller hands back
+    update_positions: Optional[Tuple[int, ...]] = None   # those of them that are parameter updates (None: all)
     updates: Optional[UpdatePlan] = None   # recycled output buffers, parameters updated in place
 
 
@@ -95,7 +96,7 @@ def _plan_memory(sig: Signature) -> Signature:
 
 
 def _plan_updates(sig: Signature) -> Signature:
-    return replace(sig, updates=liveness(sig.program).update_plan(sig.recyclable, sig.types))
+    return replace(sig, updates=liveness(sig.program).update_plan(sig.recyclable, sig.types, sig.update_positions))
 
 
 SIGNATURE_STAGES: List[Pass] = [
@@ -213,11 +214,13 @@ def run_passes(graph: Graph, *, passes: Optional[Sequence[str]] = None, debug: b
 
 def prepare_signature(program: Program, known: Dict[int, TensorType], *, plan: bool = True, inplace: bool = True,
                       copied_outputs: Sequence[int] = (), recyclable: Sequence[int] = (),
+                      update_positions: Optional[Sequence[int]] = None,
                       stages: Optional[Sequence[str]] = None) -> Signature:
     """Run the per-signature stages (all, or the named ones; ``plan=False`` leaves out planning)."""
     names = stage_names() if stages is None else list(stages)
     if not plan:
         names = [n for n in names if n != "plan_memory"]
     sig = Signature(program, dict(known), copied_outputs=tuple(copied_outputs), inplace=inplace,
-                    recyclable=tuple(recyclable))
+                    recyclable=tuple(recyclable),
+                    update_positions=None if update_positions is None else tuple(update_positions))
     return run_pipeline(sig, SIGNATURE_STAGES, names)

@@ -3,6 +3,7 @@ from . import (control, conv, creation, elementwise, indexing, linalg, loss, nn,
                join, pool, reduce, selection, shape)
 from . import grad_control, random, sorting  # noqa: F401  (ops the Theano frontend needs)
 from . import fused  # noqa: F401  (ops the fusion passes produce)
+from . import detection  # noqa: F401  (SSD's DetectionOutput, for the Caffe frontend's fork layers)
 from .registry import BROADCAST, ELEMWISE, INJECTIVE, OPAQUE, REDUCE, OpDef, all_ops, defop, lookup
 
 # The kernel libraries moved to cgvm.ops.kernels, and the BLAS binding to cgvm.backend.blas; their

@@ -10,7 +10,7 @@ interpreter to subclass for tracing, is cgvm.vm.reference (``eval_graph``, ``Int
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..backend.threads import ensure_configured
 from ..env import check_bytes
@@ -47,7 +47,8 @@ class Executable:
     """A Program loaded for one backend and workspace. ``run(args)`` returns the list of outputs."""
 
     def __init__(self, program: Program, workspace: Workspace, *, prepare: Optional[Prepare] = None,
-                 runtime: Any = None, engine: str = "threaded", recyclable: Sequence[int] = ()):
+                 runtime: Any = None, engine: str = "threaded", recyclable: Sequence[int] = (),
+                 update_held: bool = False):
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.program = program
@@ -65,6 +66,8 @@ class Executable:
         # output positions whose previous buffers the caller hands back for reuse (parameter
         # updates: the old value of a parameter becomes the buffer of its next update)
         self.recyclable = tuple(recyclable)
+        # updates may overwrite a parameter's array even while others hold it (see Function)
+        self.update_held = update_held
         self.frames: Dict[Any, Frame] = {}
         self._consts = {s: self.backend.asarray(a) for s, a in program.const_slots}
 
@@ -131,7 +134,7 @@ class Executable:
         recycle_bin: List[Any] = [None if i in recycled.values() else False for i in range(len(self.recyclable))]
         run, line_pc = lower(prog, kernels, views, self._consts, scalar_outputs, self.backend.xp.asarray,
                              self.workspace._data, lambda exc, lp: self._threaded_error(exc, lp, prog), recycled,
-                             recycle_bin, in_place)
+                             recycle_bin, in_place, self.update_held)
         return Frame(run, prog, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
 
     def _kernels_with_scratch(self, prog: Program, plan: Any, buffers: List[Any]) -> Dict[int, Callable]:

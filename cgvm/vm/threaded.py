@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..ops.kernels.scratch import private_array
+from ..ops.kernels.scratch import private_array, writeable
 from ..pycode import define
 from .bytecode import CALL, FREE, Program
 
@@ -19,7 +19,7 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
           scalar_outputs: Sequence[int], asarray: Callable, params: Any,
           on_error: Callable[[BaseException, Dict[int, int]], None],
           recycled: Optional[Dict[int, int]] = None, recycle_bin: Optional[list] = None,
-          in_place: Optional[Dict[int, int]] = None) -> Tuple[Callable, Dict[int, int]]:
+          in_place: Optional[Dict[int, int]] = None, held_in_place: bool = False) -> Tuple[Callable, Dict[int, int]]:
     """Return ``(run, line_to_pc)``; ``run(*inputs)`` returns the tuple of output values.
 
     ``kernels`` maps each CALL's pc to its kernel. ``params`` is the workspace's dict; ``run`` reads parameters from it on every call.
@@ -28,11 +28,13 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
     ``in_place`` maps a parameter slot to the recycle-bin index of the update that may overwrite
     it: on each call, when the workspace alone holds the parameter's array (no user reference,
     view or DLPack export, not itself a view), that array is the update's buffer.
+    ``held_in_place``: the array is the update's buffer even while others hold it (pycaffe's blob
+    memory: a script's ``blob.data`` is the parameter, updates included).
     ``on_error(exc, line_to_pc)`` is called (and raises) when an instruction fails; the
     try block costs nothing on the way through.
     """
     env: Dict[str, Any] = {"_asarray": asarray, "_data": params, "_on_error": on_error, "_bin": recycle_bin,
-                           "_private": private_array}
+                           "_private": private_array, "_writeable": writeable}
     recycled = recycled or {}
     lines: List[str] = []
     line_pc: Dict[int, int] = {}
@@ -44,7 +46,9 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
         line_pc[len(lines) + 1] = -1 - s  # a failing read names the parameter
         lines.append(f"    s{s} = _data[n{s}]")
         if in_place and s in in_place:
-            lines.append(f"    if _private(s{s}): _bin[{in_place[s]}] = s{s}")
+            # held_in_place: the update writes into the parameter's array even while a script holds it
+            check = f"s{s}.base is None and _writeable(s{s})" if held_in_place else f"_private(s{s})"
+            lines.append(f"    if {check}: _bin[{in_place[s]}] = s{s}")
     for s, arr in consts.items():
         env[f"c{s}"] = arr
 

@@ -271,7 +271,7 @@ class Net:
         for info in self._layers[lo:hi + 1]:
             if info.data is not None:
                 for name, array in info.data.next_batch().items():
-                    ws.set(self._entry(name), np.asarray(array, self.dtype))
+                    self.write_blob(self._entry(name), np.asarray(array, self.dtype))
             if info.seed_entry is not None:
                 ws.set(info.seed_entry, np.array(self._rng.integers(1 << 62), dtype=np.int64))
             for initial, final in info.carried_states:
@@ -318,11 +318,23 @@ class Net:
 
     def _store(self, entry: str, value: Any) -> None:
         ws = self.workspace
-        ws.set(entry, value)
+        self.write_blob(entry, value)
         diff = entry + "@diff"
         old = ws.get(diff)
         if old is None or old.shape != value.shape:
             ws.set(diff, np.zeros(value.shape, self.dtype))
+
+    def write_blob(self, entry: str, value: Any) -> None:
+        """Put ``value`` into the blob's own array, as Caffe writes a blob's memory: an array a
+        script holds from ``blob.data`` / ``blob.diff`` stays the blob until its shape changes."""
+        ws = self.workspace
+        old = ws.get(entry)
+        if old is not None and old is not value and old.shape == value.shape and old.dtype == value.dtype \
+                and old.flags.writeable:
+            old[...] = value
+        elif old is not value:
+            # a new shape: a private copy, never an array (or a view of one) another entry is bound to
+            ws.set(entry, value.copy() if hasattr(value, "copy") else value)
 
     # ------------------------------------------------------------------ backward
     def _backward(self, start: int, end: int) -> None:
@@ -332,7 +344,7 @@ class Net:
                 info.python.before_backward()
         fn, entries = backward_function(self, end, start)
         for entry, value in zip(entries, fn()):
-            self.workspace.set(entry, value)
+            self.write_blob(entry, value)
 
     # ------------------------------------------------------------------ for solvers
     def training_graph(self) -> "TrainingGraph":

@@ -81,7 +81,8 @@ def forward_function(net: "Net", lo: int, hi: int) -> ForwardFunction:
             canonical.append(net._entry(name) if latest[name] == entry and entry != net._entry(name) else None)
         updates = {build.params[name]: value for name, value in build.state_updates.items()}
         fn = Function([], ([loss] if loss is not None else []) + outputs, updates=updates,
-                      workspace=net.workspace, name=f"{net.name or 'net'}_forward_{lo}_{hi}")
+                      workspace=net.workspace, name=f"{net.name or 'net'}_forward_{lo}_{hi}",
+                      update_held_arrays=True, output_entries=([None] if loss is not None else []) + entries)
         hit = net._functions[key] = (fn, loss is not None, entries, canonical, build.carried)
     return hit
 
@@ -129,7 +130,8 @@ def backward_function(net: "Net", lo: int, hi: int) -> Tuple[Function, List[str]
     targets = list(updates)
     cut = rebuild(blob_grads + [updates[t] for t in targets], stored)
     fn = Function([], cut[:len(blob_grads)], updates=dict(zip(targets, cut[len(blob_grads):])),
-                  workspace=net.workspace, name=f"{net.name or 'net'}_backward_{lo}_{hi}")
+                  workspace=net.workspace, name=f"{net.name or 'net'}_backward_{lo}_{hi}", update_held_arrays=True,
+                  output_entries=blob_entries)
     hit = net._functions[key] = (fn, blob_entries)
     return hit
 

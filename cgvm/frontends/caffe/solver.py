@@ -188,7 +188,7 @@ class Solver:
             for old, new in zip(h, nh):
                 updates[old] = new
         inputs = [rate] + ([corr] if corr is not None else [])
-        return Function(inputs, outputs, updates=updates, workspace=self.workspace, name=name)
+        return Function(inputs, outputs, updates=updates, workspace=self.workspace, name=name, update_held_arrays=True)
 
     def _compile(self) -> None:
         tg = self.net.training_graph()
@@ -215,7 +215,8 @@ class Solver:
                                               f"{self.net.name or 'net'}_train_step")
         if accumulate:
             self._accumulate_fn = Function([], outputs, updates={**tg.state_updates, **accumulate},
-                                           workspace=self.workspace, name=f"{self.net.name or 'net'}_accumulate")
+                                           workspace=self.workspace, name=f"{self.net.name or 'net'}_accumulate",
+                                           update_held_arrays=True)
 
     def _rate_args(self) -> List[np.ndarray]:
         try:
@@ -236,7 +237,7 @@ class Solver:
         """Train-net outputs into their blobs, so ``solver.net.blobs['loss'].data`` reads as in Caffe."""
         ws, net = self.workspace, self.net
         for name, value in zip(self._output_names, results[1:]):
-            ws.set(net._entry(name), value)
+            net.write_blob(net._entry(name), value)
 
     # ------------------------------------------------------------------ Caffe's Step / Solve
     def step(self, iters: int) -> None:

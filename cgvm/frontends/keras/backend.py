@@ -297,6 +297,8 @@ class BuildScope:
     training: bool = False
     seed: Optional[Value] = None
     updates: Dict[str, Tuple[Value, Value]] = field(default_factory=dict)  # path -> (param, new value)
+    # like ``updates`` but applied by every program, not only training steps (stateful RNN states)
+    state_updates: Dict[str, Tuple[Value, Value]] = field(default_factory=dict)
     losses: List[Value] = field(default_factory=list)
     _seed_offsets: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 

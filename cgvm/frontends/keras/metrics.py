@@ -18,6 +18,8 @@ from ...ops import shape as shp
 from . import losses as losses_mod
 from .backend import as_array, get_workspace, to_value
 from .serialization import KerasConfigError
+from . import metrics_confusion
+from .metrics_confusion import AUC, Precision, Recall  # noqa: F401  (keras.metrics.AUC, ...)
 
 
 def _float(v: Value, like: Value) -> Value:
@@ -184,8 +186,12 @@ _CLASSES = {c.__name__: c for c in (Accuracy, BinaryAccuracy, CategoricalAccurac
 def get(identifier: Any, loss: Any = None, y_true_ndim: Optional[int] = None,
         y_pred_shape: Any = None) -> Metric:
     """A metric object; "accuracy"/"acc" picks binary, sparse or categorical accuracy as Keras does."""
-    if isinstance(identifier, Metric):
+    if isinstance(identifier, (Metric, metrics_confusion.ConfusionMetric)):
         return identifier
+    if isinstance(identifier, str) and identifier in metrics_confusion.NAMES:
+        return metrics_confusion.NAMES[identifier]()
+    if isinstance(identifier, dict) and identifier.get("class_name") in metrics_confusion.CLASSES:
+        return metrics_confusion.CLASSES[identifier["class_name"]].from_config(identifier.get("config") or {})
     if isinstance(identifier, str):
         if identifier in ("accuracy", "acc"):
             last = y_pred_shape[-1] if y_pred_shape else None

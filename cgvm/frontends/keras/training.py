@@ -67,6 +67,7 @@ class TrainingMixin:
         self.loss = loss
         self.loss_weights = loss_weights
         self._metric_spec = metrics
+        self._count_metrics: Dict[str, Any] = {}
         self.compiled = True
         self._functions = {}
 
@@ -142,6 +143,8 @@ class TrainingMixin:
                 labels.append(label)
                 with source_scope(f"keras metric {label!r} (compiled at {current_source()})"):
                     values.append(metric.batch_value(y, out, weight))
+                if getattr(metric, "accumulates_counts", False):   # Precision, Recall, AUC: summed counts
+                    self._count_metrics[label] = metric
         return labels, values
 
     def _regularization(self) -> Optional[Value]:
@@ -181,6 +184,8 @@ class TrainingMixin:
             updates.update(self.optimizer.updates(trainable, grads))
             for param, new in scope.updates.values():
                 updates[param] = new
+        for param, new in scope.state_updates.values():
+            updates[param] = new
         inputs = x_vals + y_vals + sw_vals + ([seed] if train else [])
         fn = cg_compile(inputs, results, updates=updates, workspace=K.get_workspace(),
                         name=f"{self.name}_{'train' if train else 'test'}_step")
@@ -201,9 +206,11 @@ class TrainingMixin:
         if hit is None:
             in_types = self.input_types(xs)
             x_vals = [input_value(t, f"x{i}") for i, t in enumerate(in_types)]
-            with K.build_scope(K.BuildScope(training=False)):
+            scope = K.BuildScope(training=False)
+            with K.build_scope(scope):
                 outs = self.forward(x_vals, training=False)
-            fn = cg_compile(x_vals, outs, workspace=K.get_workspace(), name=f"{self.name}_predict")
+            fn = cg_compile(x_vals, outs, workspace=K.get_workspace(), name=f"{self.name}_predict",
+                            updates={param: new for param, new in scope.state_updates.values()})
             hit = self._functions["predict"] = (fn, in_types)
         return hit
 
@@ -215,7 +222,19 @@ class TrainingMixin:
             self.optimizer.before_step()
             args.append(np.asarray(self._step_rng.integers(0, 2 ** 62), dtype=np.int64))
         results = fn(*args)
-        return {n: float(K.as_array(r)) for n, r in zip(names, results)}
+        counted = getattr(self, "_count_metrics", {})
+        return {n: (np.asarray(K.as_array(r), np.float64) if n in counted else float(K.as_array(r)))
+                for n, r in zip(names, results)}
+
+    def _add_batch(self, sums: Dict[str, Any], batch: Dict[str, Any], count: int) -> None:
+        """Running sums: sample-weighted means, and the counts of counting metrics."""
+        counted = getattr(self, "_count_metrics", {})
+        for k, v in batch.items():
+            sums[k] = sums.get(k, 0.0) + (v if k in counted else v * count)
+
+    def _logs(self, sums: Dict[str, Any], seen: int) -> Dict[str, Any]:
+        counted = getattr(self, "_count_metrics", {})
+        return {k: (counted[k].result_from(v) if k in counted else v / seen) for k, v in sums.items()}
 
     def _weights_for(self, ys, sample_weight, class_weight) -> List[np.ndarray]:
         n = len(ys[0]) if ys else 0
@@ -236,14 +255,14 @@ class TrainingMixin:
         self._check_compiled()
         xs, ys = self._inputs_list(x), self._targets_list(y)
         self._ensure_built(xs)
-        logs = self._run_step(xs, ys, self._weights_for(ys, sample_weight, class_weight), train=True)
+        logs = self._logs(self._run_step(xs, ys, self._weights_for(ys, sample_weight, class_weight), train=True), 1)
         return logs if return_dict else _flat_result(logs)
 
     def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False) -> Any:
         self._check_compiled()
         xs, ys = self._inputs_list(x), self._targets_list(y)
         self._ensure_built(xs)
-        logs = self._run_step(xs, ys, self._weights_for(ys, sample_weight, None), train=False)
+        logs = self._logs(self._run_step(xs, ys, self._weights_for(ys, sample_weight, None), train=False), 1)
         return logs if return_dict else _flat_result(logs)
 
     def predict_on_batch(self, x: Any) -> Any:
@@ -289,9 +308,8 @@ class TrainingMixin:
                                        [a[mine] * np.float32(factor) if factor != 1.0 else a[mine] for a in sws], True)
                 batch = dist_mod.global_logs(batch)
                 seen += len(idx)
-                for k, v in batch.items():
-                    sums[k] = sums.get(k, 0.0) + v * len(idx)
-                logs = {k: v / seen for k, v in sums.items()}
+                self._add_batch(sums, batch, len(idx))
+                logs = self._logs(sums, seen)
                 cb.on_train_batch_end(step, dict(logs))
                 self.stop_training = dist_mod.root_decides(self.stop_training)
                 if self.stop_training:
@@ -337,13 +355,11 @@ class TrainingMixin:
                                    [a[sl] * np.float32(factor) if factor != 1.0 else a[sl] for a in sws], False)
             batch = dist_mod.global_logs(batch)
             count = len(xs[0][step * batch_size:(step + 1) * batch_size])
-            for k, v in batch.items():
-                sums[k] = sums.get(k, 0.0) + v * count
-            cb.on_test_batch_end(step, {k: v / min(n, (step + 1) * batch_size) for k, v in sums.items()})
+            self._add_batch(sums, batch, count)
+            cb.on_test_batch_end(step, self._logs(sums, min(n, (step + 1) * batch_size)))
             if bar:
-                bar.update(step + 1, {k: v / min(n, (step + 1) * batch_size) for k, v in sums.items()},
-                           finalize=step + 1 == nsteps)
-        logs = {k: v / n for k, v in sums.items()}
+                bar.update(step + 1, self._logs(sums, min(n, (step + 1) * batch_size)), finalize=step + 1 == nsteps)
+        logs = self._logs(sums, n)
         cb.on_test_end(dict(logs))
         return logs if return_dict else _flat_result(logs)
 

@@ -289,9 +289,9 @@ def test_parse_error_in_a_file_names_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("field, origin", [
-    ("permute_param { order: 0 }", "SSD"),
-    ("prior_box_param { min_size: 30 }", "SSD"),
-    ("detection_output_param { num_classes: 21 }", "SSD"),
+    ("multibox_loss_param { }", "SSD"),
+    ("annotated_data_param { }", "SSD"),
+    ("detection_evaluate_param { }", "SSD"),
     ("roi_pooling_param { pooled_h: 6 }", "Faster R-CNN"),
     ("bn_param { }", "BN"),
     ("interp_param { zoom_factor: 2 }", "Interp"),
@@ -307,8 +307,11 @@ def test_fork_only_fields_are_named_and_attributed(field, origin):
 
 
 def test_fork_field_inside_a_bvlc_message_and_v1_spelling_in_v2_layer():
-    with pytest.raises(CaffeParseError, match="round_mode: FLOOR"):
-        parse_net_text("layer { pooling_param { pool: MAX ceil_mode: false } }")
+    with pytest.raises(CaffeParseError, match="non-inverted Dropout"):
+        parse_net_text("layer { dropout_param { dropout_ratio: 0.5 scale_train: false } }")
+    # ceil_mode is read (docs/caffe_forks.md)
+    assert parse_net_text("layer { pooling_param { pool: MAX ceil_mode: false } }").layer[0].pooling_param.ceil_mode \
+        is False
     with pytest.raises(CaffeParseError, match=r"param \{ lr_mult"):
         parse_net_text('layer { name: "c" blobs_lr: 1 }')
 

@@ -100,11 +100,12 @@ def _check_default(field: _descriptor.FieldDescriptor, written: str) -> None:
 def test_every_message_field_and_enum_matches_bvlc_tables():
     tables = _facts_tables()
     assert len(tables) >= 60  # sanity: the appendix was found and read
-    declared = set(caffe_pb2.DESCRIPTOR.message_types_by_name)
+    declared = set(caffe_pb2.DESCRIPTOR.message_types_by_name) - set(FORK_MESSAGES)
     assert declared == set(tables), f"missing: {set(tables) - declared}, extra: {declared - set(tables)}"
     for message_name, table in tables.items():
         message = caffe_pb2.DESCRIPTOR.message_types_by_name[message_name]
-        assert set(message.fields_by_name) == set(table["fields"]), message_name
+        fields = set(message.fields_by_name) - set(FORK_FIELDS.get(message_name, {}))
+        assert fields == set(table["fields"]), message_name
         for field_name, (number, label, type_name, default) in table["fields"].items():
             field = message.fields_by_name[field_name]
             assert field.number == number, field.full_name
@@ -115,6 +116,29 @@ def test_every_message_field_and_enum_matches_bvlc_tables():
         for enum_name, values in table["enums"].items():
             enum = message.enum_types_by_name[enum_name]
             assert {v.name: v.number for v in enum.values} == values, enum.full_name
+
+
+# the forks' additions cgvm reads (docs/caffe_forks.md): field numbers as in weiliu89/caffe's ssd branch;
+# ceil_mode moved off the forks' 13, which BVLC gave round_mode
+FORK_MESSAGES = ("PermuteParameter", "NormalizeParameter", "PriorBoxParameter", "DetectionOutputParameter",
+                 "NonMaximumSuppressionParameter", "SaveOutputParameter", "ResizeParameter")
+FORK_FIELDS = {"LayerParameter": {"permute_param": 202, "prior_box_param": 203, "detection_output_param": 204,
+                                  "norm_param": 206},
+               "PoolingParameter": {"ceil_mode": 1013}}
+
+
+def test_fork_additions_are_numbered_as_in_the_forks():
+    for message_name, fields in FORK_FIELDS.items():
+        descriptor = caffe_pb2.DESCRIPTOR.message_types_by_name[message_name]
+        for name, number in fields.items():
+            assert descriptor.fields_by_name[name].number == number, name
+    prior = caffe_pb2.PriorBoxParameter.DESCRIPTOR.fields_by_name
+    assert (prior["min_size"].number, prior["offset"].number, prior["step_w"].number) == (1, 13, 12)
+    out = caffe_pb2.DetectionOutputParameter.DESCRIPTOR.fields_by_name
+    assert (out["keep_top_k"].number, out["variance_encoded_in_target"].number, out["save_file"].number) == (7, 8, 12)
+    assert caffe_pb2.PriorBoxParameter.CodeType.Value("CENTER_SIZE") == 2
+    assert caffe_pb2.NormalizeParameter().eps == pytest.approx(1e-10)
+    assert caffe_pb2.PoolingParameter().ceil_mode is True
 
 
 def test_key_numbers_and_defaults_without_the_facts_file():

@@ -219,6 +219,11 @@ def pooling(layer, bottoms, ctx):
         return pool2d(x, param.pool, (int(x.shape[2]), int(x.shape[3])), (1, 1), (0, 0), True, ctx, with_mask)
     kernel, stride, pad = geometry
     ceil_mode = param.round_mode == _P.CEIL
+    if param.HasField("ceil_mode"):   # the forks' spelling of the same choice (docs/caffe_forks.md)
+        if param.HasField("round_mode") and param.ceil_mode != ceil_mode:
+            raise ctx.error(f"pooling_param has round_mode: {_P.RoundMode.Name(param.round_mode)} and ceil_mode: "
+                            f"{str(param.ceil_mode).lower()}, which disagree; give one of them")
+        ceil_mode = param.ceil_mode
     return pool2d(x, param.pool, kernel, stride, pad, ceil_mode, ctx, with_mask)
 
 

@@ -51,18 +51,47 @@ class BatchNormalization(Layer):
             scale = shp.ones_like(bias)
         return [v for v in (scale, bias) if v is not None]
 
-    def call(self, inputs, training=False):
+    def call(self, inputs, training=False, mask=None):
         x = to_value(inputs)
         mm, mv = self.moving_mean.value, self.moving_variance.value
         affine = self._affine(mm)
+        if mask is not None and to_value(mask).ndim != x.ndim - 1:
+            raise ValueError("The mask provided should be one dimension less than the inputs. Received: "
+                             f"mask.shape={tuple(to_value(mask).shape)}, inputs.shape={tuple(x.shape)}")
         if not (training and self.trainable):
             return nn.batch_norm(x, mm, mv, *affine, eps=self.epsilon, axis=self.axis)
-        y, mean, var = nn.batch_norm(x, mm, mv, *affine, eps=self.epsilon, axis=self.axis, training=True)
+        if mask is not None:
+            y, mean, var = self._masked_batch_norm(x, to_value(mask), affine)
+        else:
+            y, mean, var = nn.batch_norm(x, mm, mv, *affine, eps=self.epsilon, axis=self.axis, training=True)
         m = self.momentum
         scope = current_scope()
-        scope.updates[self.moving_mean.path] = (mm, ew.add(ew.mul(mm, m), ew.mul(mean, 1.0 - m)))
-        scope.updates[self.moving_variance.path] = (mv, ew.add(ew.mul(mv, m), ew.mul(var, 1.0 - m)))
+        # a layer called more than once in one step (shared, or per step inside TimeDistributed) moves
+        # its averages once per call, in order, as Keras' successive assigns do
+        mm_now = scope.updates[self.moving_mean.path][1] if self.moving_mean.path in scope.updates else mm
+        mv_now = scope.updates[self.moving_variance.path][1] if self.moving_variance.path in scope.updates else mv
+        scope.updates[self.moving_mean.path] = (mm, ew.add(ew.mul(mm_now, m), ew.mul(mean, 1.0 - m)))
+        scope.updates[self.moving_variance.path] = (mv, ew.add(ew.mul(mv_now, m), ew.mul(var, 1.0 - m)))
         return y
+
+    def _masked_batch_norm(self, x, mask, affine):
+        """Training-mode normalization with statistics over the unmasked steps only, as Keras 3:
+        mean = sum(m x) / (sum m + 1e-7), var = sum(m (x - mean)^2) / (sum m + 1e-7), where the
+        mask m (one axis fewer than x) is broadcast along the last axis."""
+        axis = self.axis % x.ndim
+        axes = tuple(a for a in range(x.ndim) if a != axis)
+        weights = ew.mul(shp.expand_dims(ew.cast(mask, dtype=x.dtype), axis=(x.ndim - 1,)), shp.ones_like(x))
+        denominator = ew.add(red.sum(weights, axis=axes, keepdims=True), 1e-7)
+        mean = ew.div(red.sum(ew.mul(x, weights), axis=axes, keepdims=True), denominator)
+        centred = ew.sub(x, mean)
+        var = ew.div(red.sum(ew.mul(ew.square(centred), weights), axis=axes, keepdims=True), denominator)
+        y = ew.div(centred, em.sqrt(ew.add(var, self.epsilon)))
+        channel_shape = tuple(int(x.shape[axis]) if a == axis else 1 for a in range(x.ndim))
+        if affine:
+            y = ew.mul(y, shp.reshape(affine[0], shape=channel_shape))
+        if len(affine) > 1:
+            y = ew.add(y, shp.reshape(affine[1], shape=channel_shape))
+        return y, shp.reshape(mean, shape=(int(x.shape[axis]),)), shp.reshape(var, shape=(int(x.shape[axis]),))
 
     def get_config(self):
         return {**super().get_config(), "axis": self.axis, "momentum": self.momentum, "epsilon": self.epsilon,

@@ -13,6 +13,10 @@ step every state keeps its previous value and the step's output repeats the prev
 before the first valid step), or is zero with ``zero_output_for_mask`` (what Bidirectional sets when
 it returns sequences). The output carries the mask on with ``return_sequences`` only.
 
+Stateful (``stateful=True``, Keras 3): the batch size must be static; the layer keeps its final
+states in workspace entries (not weights) that every call, in training, evaluation and prediction,
+starts from and writes back; ``reset_state()`` / ``reset_states()`` zero them.
+
 Dropout (training only): ``dropout`` multiplies the inputs and ``recurrent_dropout`` the previous
 state by masks drawn once per call (one per sequence of the batch) and reused at every step, scaled
 by 1/(1-rate). As in Keras, with ``recurrent_dropout`` LSTM and GRU draw a separate pair of masks
@@ -21,6 +25,8 @@ per gate; with ``dropout`` alone one input mask serves all gates.
 from __future__ import annotations
 
 from typing import Any, List, Optional, Tuple
+
+import numpy as np
 
 from ....errors import GraphBuildError
 from ....ir.graph import Graph, Value, input_value
@@ -34,7 +40,7 @@ from ....ops import join
 from ....ops import shape as shp
 from .. import activations
 from .. import initializers as initializers_mod
-from ..backend import current_scope, to_value
+from ..backend import Variable, current_scope, to_value
 from .base import Layer, registry
 from .core import make_weight, weight_args, weight_config
 
@@ -76,8 +82,7 @@ class RNNBase(Layer):
         self.zero_output_for_mask = zero_output_for_mask
         self.return_sequences, self.return_state = return_sequences, return_state
         self.go_backwards, self.stateful, self.unroll, self.seed = go_backwards, stateful, unroll, seed
-        if stateful:
-            raise GraphBuildError(f"layer {self.name!r}: stateful recurrent layers are not supported")
+        self.states: Optional[List[Variable]] = None   # stateful: the states carried from call to call
 
     def bias_shape(self) -> Tuple[int, ...]:
         return (self.n_gates * self.units,)
@@ -92,7 +97,31 @@ class RNNBase(Layer):
         self.kernel = make_weight(self, "kernel", (features, g), "kernel")
         self.recurrent_kernel = make_weight(self, "recurrent_kernel", (self.units, g), "recurrent")
         self.bias = make_weight(self, "bias", self.bias_shape(), "bias") if self.use_bias else None
+        if self.stateful:
+            self._build_states(input_shape[0])
         self.built = True
+
+    # -- stateful (Keras 3): the final states of a call are the initial states of the next one
+    def _build_states(self, batch_size: Optional[int]) -> None:
+        if self.states is not None:
+            self.reset_state()
+            return
+        if batch_size is None:
+            raise ValueError(f"When using `stateful=True` in a RNN, the batch size must be static (layer "
+                             f"{self.name!r}): give the model's Input a batch_size or batch_shape")
+        # not weights (Keras keeps them out of get_weights too): workspace entries the programs read and update
+        self.states = [Variable(np.zeros((int(batch_size), self.units), np.float32), name="rnn_state",
+                                path=f"keras/{self.name}/rnn_state_{i}", trainable=False)
+                       for i in range(self.n_states)]
+
+    def reset_state(self) -> None:
+        """Zero the carried states (a stateful layer starts its next call from zeros)."""
+        for state in self.states or ():
+            state.assign(np.zeros(state.shape, np.float32))
+
+    def reset_states(self) -> None:
+        """Keras' compatibility alias of ``reset_state``."""
+        self.reset_state()
 
     # -- per layer: the input bias, the non-sequences and one step
     def input_bias(self) -> Optional[Value]:
@@ -154,6 +183,13 @@ class RNNBase(Layer):
         if training and 0.0 < self.dropout < 1.0:
             input_masks = self._draw_masks(first_x, self.dropout, self._mask_count())
         xw_tm = shp.transpose(self._project_inputs(x, input_masks), perm=[1, 0, 2])
+        if initial_state is None and self.stateful and self.states is not None:
+            batch = x.shape[0]
+            if batch is not None and batch != self.states[0].shape[0]:
+                raise ValueError(f"If an RNN is stateful, the batch size of the input sequences must be the same as "
+                                 f"the batch size of the initial state (layer {self.name!r}): expected "
+                                 f"{self.states[0].shape[0]}, received {batch}")
+            initial_state = [state.value for state in self.states]
         if initial_state is not None:
             states = [to_value(s) for s in (initial_state if isinstance(initial_state, (list, tuple))
                                              else [initial_state])]
@@ -179,6 +215,9 @@ class RNNBase(Layer):
                             go_backwards=self.go_backwards)
         n = len(carries)
         finals, stacked = list(outs[:n]), list(outs[n:2 * n])
+        if self.stateful and self.states is not None:
+            for state, final in zip(self.states, finals[:self.n_states]):
+                current_scope().state_updates[state.path] = (state.value, final)
         out_index = self.n_states if mask is not None else 0
         output = shp.transpose(stacked[out_index], perm=[1, 0, 2]) if self.return_sequences else finals[out_index]
         if self.return_state:

@@ -122,15 +122,31 @@ class TimeDistributed(Layer):
         super().__init__(**kwargs)
         self.layer = layer_from_config(layer)
 
-    def call(self, inputs, training=False):
+    def call(self, inputs, training=False, mask=None):
         x = to_value(inputs)
         steps = x.shape[1]
         if steps is None:
             raise GraphBuildError(f"TimeDistributed {self.name!r} needs a known number of time steps")
+        if mask is not None and "mask" in self.layer._call_params():
+            return self._per_step(x, to_value(mask), training, steps)
         merged = shp.reshape(x, shape=(-1,) + tuple(x.shape[2:]))
         with inside_call():
             y = to_value(self.layer._run((KerasTensor(merged),), {"training": training}))
         return shp.reshape(y, shape=(-1, steps) + tuple(y.shape[1:]))
+
+    def _per_step(self, x, mask, training, steps):
+        """As Keras 3 with a mask: the wrapped layer runs once per step on (batch, ...) with that
+        step's mask (batch, ...), and the step outputs are stacked on axis 1."""
+        if mask.ndim < 2 or (mask.shape[1] is not None and mask.shape[1] != steps):
+            raise ValueError(f"TimeDistributed {self.name!r}: the mask of shape {tuple(mask.shape)} does not have "
+                             f"the input's (batch, {steps}) leading axes")
+        outputs = []
+        for step in range(steps):
+            x_t = shp.squeeze(indexing.slice(x, starts=[step], stops=[step + 1], axes=[1]), axis=[1])
+            m_t = shp.squeeze(indexing.slice(mask, starts=[step], stops=[step + 1], axes=[1]), axis=[1])
+            with inside_call():
+                outputs.append(to_value(self.layer._run((KerasTensor(x_t),), {"training": training, "mask": m_t})))
+        return join.stack(*outputs, axis=1)
 
     def get_config(self):
         from ..model_config import serialize_layer
