@@ -154,8 +154,11 @@ def test_backend_variable_is_checked_by_every_entry_point(monkeypatch):
     from cgvm.backend import base
     from cgvm.errors import BackendUnavailable
 
+    from cgvm.frontends.caffe import pycaffe
+
     monkeypatch.setenv("CGVM_BACKEND", "tpu")
     monkeypatch.setattr(base, "_BACKENDS", {})
+    monkeypatch.setitem(pycaffe._mode, "backend", None)   # as before any set_mode_* call (other tests make some)
     with pytest.raises(BackendUnavailable, match="'tpu' .from the environment variable CGVM_BACKEND"):
         cgvm.Workspace()
     with pytest.raises(BackendUnavailable, match="CGVM_BACKEND"):

@@ -341,6 +341,7 @@ def test_guarded_errors_come_back_as_they_were():
 
 @pytest.mark.parametrize("kind, extra, match", [
     ("Adam", "momentum: 1", "Adam needs 0 <= momentum < 1"),
+    ("SGD", "test_iter: -2147483648\ntest_interval: 2", "test_iter must be >= 0"),   # found by the fuzzer
     ("SGD", 'lr_policy: "exp"\ngamma: 1e300', "gives no learning rate"),
 ])
 def test_solver_values_that_break_the_learning_rate(tmp_path, kind, extra, match):

@@ -86,6 +86,8 @@ class Solver:
         if len(param.test_iter) != len(self.test_nets):
             raise CaffeError(f"the solver has {len(self.test_nets)} test net(s) but {len(param.test_iter)} "
                              "test_iter value(s); give one per test net")
+        if any(t < 0 for t in param.test_iter):
+            raise CaffeError(f"test_iter must be >= 0 (batches per test), got {list(param.test_iter)}")
         if self.test_nets and param.test_interval <= 0:
             raise CaffeError("the solver has test nets but test_interval is not > 0; set how often to test")
         for path in (weights if weights is not None else _split_weights(param.weights)):
