@@ -22,6 +22,7 @@ from ...errors import InputError, MissingInputError, UnusedInputError
 from ...compiled import Function as CoreFunction
 from ...ir.builder import rebuild
 from ...ir.graph import CONST, INPUT, PARAM, Value, toposort
+from ...vm.workspace import default_workspace
 from .config import config
 from .shared import SharedVariable
 from .var import SHARED_BY_VALUE, TensorVariable, as_tensor_variable, convert_input, wrap
@@ -289,6 +290,21 @@ class Function:
 
     def __repr__(self) -> str:
         return f"<theano Function {self.name or ''}: {len(self._core.graph.nodes)} nodes>"
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Dict[str, Any]]]:
+        """Pickled (and deep-copied) as its definition, compiled again when loaded.
+
+        The graph's shared variables travel with it, each with a copy of its value, as Theano's
+        pickled functions carry their storage.
+        """
+        spec = dict(self._spec)
+        if spec.get("workspace") is default_workspace():
+            spec["workspace"] = None
+        return _function_from_spec, (spec,)
+
+
+def _function_from_spec(spec: Dict[str, Any]) -> "Function":
+    return function(**spec)
 
 
 _MISSING = object()

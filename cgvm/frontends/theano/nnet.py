@@ -61,9 +61,17 @@ def _last_axis(x: Value) -> int:
     return max(x.ndim - 1, 0)
 
 
+def _as_row(v: Value, axis: Optional[int]) -> Value:
+    """Theano 1.0's softmax ops take a vector as a 1 x n row (and return one)."""
+    return S.shape_padleft(wrap(v)).value if v.ndim == 1 and axis == -1 else v
+
+
 def softmax(c: Any, axis: Optional[int] = -1) -> TensorVariable:
-    """Row-wise softmax (over the last axis; ``axis`` as in PyTensor's ``softmax(x, axis)``)."""
-    v = as_tensor_variable(c).value
+    """Row-wise softmax (over the last axis; ``axis`` as in PyTensor's ``softmax(x, axis)``).
+
+    A vector gives a 1 x n row, as Theano's ``T.nnet.softmax`` does.
+    """
+    v = _as_row(as_tensor_variable(c).value, axis)
     if axis is None:
         flat = S.flatten(wrap(v))
         return S.reshape(wrap(nn.softmax(flat.value, axis=0)), S.shape(wrap(v)))
@@ -71,7 +79,7 @@ def softmax(c: Any, axis: Optional[int] = -1) -> TensorVariable:
 
 
 def logsoftmax(c: Any, axis: Optional[int] = -1) -> TensorVariable:
-    v = as_tensor_variable(c).value
+    v = _as_row(as_tensor_variable(c).value, axis)
     return wrap(nn.log_softmax(v, axis=(axis if axis is not None else -1) % max(v.ndim, 1)))
 
 

@@ -1,7 +1,7 @@
 """``theano.tensor`` (``T``): variable constructors and the tensor functions, in one namespace.
 
 Constructors take ``(name=None, dtype=None)``; an unprefixed constructor uses ``config.floatX``
-(float32 in cgvm). Prefixes: b int8, w int16, i int32, l int64, f float32, d float64.
+(float64 unless set, as in Theano). Prefixes: b int8, w int16, i int32, l int64, f float32, d float64.
 ``row``/``col`` have a broadcastable (length-1) first/second axis. Plural helpers split a string
 into one variable per character (``dmatrices('xy')``) or make N anonymous ones.
 """
@@ -97,6 +97,7 @@ del _kind, _prefix, _dt
 
 # Theano's sub-namespaces that scripts reach through T
 from . import extra_ops  # noqa: E402,F811
+from . import xlogx  # noqa: E402,F401
 from . import nlinalg  # noqa: E402,F811
 from .gradient import grad, jacobian, hessian, Rop, Lop  # noqa: E402,F401
 from . import shared_randomstreams  # noqa: E402,F401
