@@ -13,7 +13,7 @@ import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set
 
 from ..backend.threads import ensure_configured
-from ..errors import CgvmError, ExecutionError, InputError
+from ..errors import CgvmError, ExecutionError, IndexOutOfBoundsError, InputError
 from ..ir.types import DType, TensorType
 from ..ops.scratch import aligned_empty
 from .bytecode import CALL, FREE, Program
@@ -314,7 +314,7 @@ class Executable:
         msg = f"{type(exc).__name__} in {prog.name} at {prog.where(pc)}\n  inputs: {got}\n  {exc}"
         if isinstance(exc, CgvmError) and not isinstance(exc, ExecutionError):
             return type(exc)(msg)
-        err = ExecutionError(msg)
+        err = IndexOutOfBoundsError(msg) if isinstance(exc, IndexError) else ExecutionError(msg)
         err.pc = pc
         err.node = prog.nodes[ins.node]
         return err

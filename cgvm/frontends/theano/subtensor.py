@@ -97,6 +97,13 @@ def getitem(x: TensorVariable, index: Any) -> TensorVariable:
             axis += 1
         elif _const_scalar(item) is not None and not _is_array_index(item):
             k = _const_scalar(item)
+            n = out.value.shape[axis]
+            if n is None:  # length known only at run time: a gather, whose kernel checks the bound
+                idx = constant(k, dtype="int64")
+                out = _mark(ix.take(out.value, idx.value, axis=axis), out, "take", (axis, idx), x)
+                continue
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for axis {axis} of {x!r} (length {n})")
             attrs = dict(starts=(k,), stops=(k + 1 if k != -1 else None,), steps=(None,), axes=(axis,))
             out = _mark(ix.slice(out.value, **attrs), out, "slice", attrs, x)
             squeeze_axes.append(axis)

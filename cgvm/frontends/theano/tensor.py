@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Union
 
+from ...errors import DTypeError
 from . import nnet  # noqa: F401  (T.nnet)
 from . import sorting as _sorting
 from .basic import (abs, abs_, add, all, allclose, and_, any, arccos, arccosh, arcsin, arcsinh,  # noqa: F401
@@ -89,9 +90,25 @@ for _kind in _RANK_SHAPES:
     for _prefix, _dt in DTYPE_PREFIX.items():
         _namespace[_prefix + _kind] = _constructor(_kind, _dt)
         _namespace[_prefix + _kind + "s"] = _plural(_namespace[_prefix + _kind])
+
+
+def _complex_constructor(kind: str, prefix: str):
+    def make(*args: Any, **kwargs: Any) -> TensorVariable:
+        dt = "complex64" if prefix == "c" else "complex128"
+        raise DTypeError(f"T.{prefix}{kind}: complex dtypes ({dt}) are not supported by cgvm; split the real "
+                         "and imaginary parts into two real tensors")
+    make.__name__ = prefix + kind
+    return make
+
+
+for _kind in _RANK_SHAPES:
+    for _prefix in "cz":
+        _namespace[_prefix + _kind] = _complex_constructor(_kind, _prefix)
+        _namespace[_prefix + _kind + "s"] = _namespace[_prefix + _kind]
 _namespace["matrices"] = _namespace["matrixs"]
 for _prefix in DTYPE_PREFIX:
     _namespace[_prefix + "matrices"] = _namespace[_prefix + "matrixs"]
+_namespace["cmatrices"], _namespace["zmatrices"] = _namespace["cmatrix"], _namespace["zmatrix"]
 del _kind, _prefix, _dt
 
 
