@@ -15,7 +15,9 @@ Two walks over the graph (``rewrite``), each rule looking at a node and its rewr
      -softplus(-x); ``log(1 - sigmoid x)`` -> -softplus(x); ``log(1 + x)`` -> log1p;
      ``exp(x) - 1`` -> expm1; ``exp(x) / sum(exp(x), axis, keepdims)`` -> softmax;
      ``binary_crossentropy(sigmoid x, t)`` -> softplus(x) - x t;
-     ``categorical_crossentropy(softmax x, t)`` -> -sum(t log_softmax(x)).
+     ``categorical_crossentropy(softmax x, t)`` -> -sum(t log_softmax(x));
+     ``where(c, a, 0) * y`` and ``where(c, a, 0) / y`` -> ``where(c, a * y, 0)`` (Theano's switch
+     sinking: NaN-free gradients of ``switch(x > 0, sqrt(x), 0)``).
 2. Rules that consume a node's only reader (use counts taken at the start of the walk):
    * ``-sum/mean(onehot(labels) * log_softmax(x))`` over every axis -> ``softmax_cross_entropy``
      (normalization NONE, FULL or BATCH_SIZE as the reductions say). Labels outside the class
@@ -100,7 +102,34 @@ def _non_negative(v: Value) -> bool:
 # --------------------------------------------------------------------------- algebra
 
 def _mul(node, inputs):
-    return _identity_operand(node, inputs, 1.0, (0, 1))
+    x = _identity_operand(node, inputs, 1.0, (0, 1))
+    return x if x is not None else _sink_where(node, inputs, (0, 1))
+
+
+def _sink_where(node, inputs, positions):
+    """``where(c, a, 0) * y`` -> ``where(c, a * y, 0)`` (also ``/ y``), Theano's switch sinking.
+
+    The untaken branch then stays an exact 0 even where ``y`` is inf or NaN: the gradient of
+    ``switch(x > 0, sqrt(x), 0)`` is 0, not NaN, at x <= 0 (autodiff's where-gradient is such a
+    where, multiplied by the derivative of sqrt there).
+    """
+    out = node.outputs[0]
+    for k in positions:
+        w = producer(inputs[k], "where")
+        if w is None:
+            continue
+        c, a, b = w.inputs
+        for kept, zero_at in ((a, 2), (b, 1)):
+            if not _is_const(w.inputs[zero_at], 0.0) or kept.dtype is not w.outputs[0].dtype:
+                continue
+            args = list(inputs)
+            args[k] = kept
+            inner = build(node.op, args, dict(node.attrs), node)
+            zero = w.inputs[zero_at]  # kept: its shape takes part in the broadcast
+            new = build(ew.where, [c, inner, zero] if zero_at == 2 else [c, zero, inner], {}, node)
+            if new.type == out.type:
+                return new
+    return None
 
 
 def _add(node, inputs):
@@ -121,7 +150,8 @@ def _div(node, inputs):
     x = _identity_operand(node, inputs, 1.0, (1,))
     if x is not None:
         return x
-    return _manual_softmax(node, inputs)
+    x = _sink_where(node, inputs, (0,))
+    return x if x is not None else _manual_softmax(node, inputs)
 
 
 def _neg(node, inputs):
