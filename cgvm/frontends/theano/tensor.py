@@ -42,9 +42,16 @@ _RANK_SHAPES = {
 }
 
 
-def tensor(dtype: Any = None, broadcastable: Optional[Sequence[bool]] = None, name: Optional[str] = None,
-           shape: Optional[Sequence[Optional[int]]] = None) -> TensorVariable:
+def tensor(*args: Any, dtype: Any = None, broadcastable: Optional[Sequence[bool]] = None,
+           name: Optional[str] = None, shape: Optional[Sequence[Optional[int]]] = None) -> TensorVariable:
     """``T.tensor(dtype, broadcastable)`` (Theano) or ``tensor(name, dtype=, shape=)`` (PyTensor)."""
+    if args and dtype is not None:  # PyTensor: the positional argument is the name
+        name, args = args[0], args[1:]
+    positional = dict(zip(("dtype", "broadcastable", "name", "shape"), args))
+    dtype = positional.get("dtype", dtype)
+    broadcastable = positional.get("broadcastable", broadcastable)
+    name = positional.get("name", name)
+    shape = positional.get("shape", shape)
     if isinstance(dtype, str) and dtype not in ("floatX",) and broadcastable is None and shape is not None:
         try:
             TensorType(dtype, shape=())
