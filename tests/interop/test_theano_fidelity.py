@@ -257,3 +257,95 @@ def test_xlogx_and_scalar_module():
     for dts in [("int32", "float32"), ("int8", "float32"), ("float32", "float64"), ("int64", "int32")]:
         assert cs.upcast(*dts) == ps.upcast(*dts)
     assert cs.float32().dtype == "float32" and cs.float32().ndim == 0
+
+
+# ----------------------------------------------------------------------------- 3. indexing and scan
+
+_XV = np.array([-1.0, 2.0, -3.0, 4.0])
+_MV = np.arange(12.0).reshape(3, 4)
+_TV = np.arange(24.0).reshape(2, 3, 4)
+
+
+@pytest.mark.parametrize("name", ["mask", "mask_2d", "mask_rows", "set_mask", "inc_mask_2d", "grad_mask",
+                                  "axis1", "axis2", "two_apart", "two_adjacent_mid", "int_and_array",
+                                  "index_matrix", "inc_repeats", "set_repeats_last_wins", "inc_repeats_chained",
+                                  "inc_two_arrays", "set_two_adjacent_mid", "grad_two_adjacent_mid"])
+def test_indexing_as_pytensor(name):
+    def run(th, T):
+        x, m, t3, iv, v = T.dvector(), T.dmatrix(), T.tensor3(dtype="float64"), T.lvector(), T.dvector()
+        i2, i3 = np.array([1, 0]), np.array([0, 0, 2])
+        case = {
+            "mask": ([x], x[x > 0], [_XV]), "mask_2d": ([m], m[m > 5], [_MV]),
+            "mask_rows": ([m, x], m[x[:3] > 0], [_MV, _XV]),
+            "set_mask": ([x], T.set_subtensor(x[x > 0], 0), [_XV]),
+            "inc_mask_2d": ([m], T.inc_subtensor(m[m > 5], 100.0), [_MV]),
+            "grad_mask": ([x], T.grad((x[x > 0] ** 2).sum(), x), [_XV]),
+            "axis1": ([m, iv], m[:, iv], [_MV, np.array([3, 0, 0])]),
+            "axis2": ([t3, iv], t3[:, :, iv], [_TV, np.array([1, 1])]),
+            "two_apart": ([t3, iv], t3[iv, :, iv], [_TV, i2]),
+            "two_adjacent_mid": ([t3, iv], t3[:, iv, iv], [_TV, i2]),
+            "int_and_array": ([m, iv], m[1, iv], [_MV, np.array([3, 0])]),
+            "index_matrix": ([x, T.lmatrix()], None, None),
+            "inc_repeats": ([x, iv], T.inc_subtensor(x[iv], 1.0), [_XV, i3]),
+            "set_repeats_last_wins": ([x, iv, v], T.set_subtensor(x[iv], v), [_XV, i3, np.array([10., 20., 30.])]),
+            "inc_repeats_chained": ([m, iv], T.inc_subtensor(m[iv, 1:3], 1.0), [_MV, i3]),
+            "inc_two_arrays": ([m, iv], T.inc_subtensor(m[iv, iv], 1.0), [_MV, i3]),
+            "set_two_adjacent_mid": ([t3, iv], T.set_subtensor(t3[:, iv, iv], -1.0), [_TV, i2]),
+            "grad_two_adjacent_mid": ([t3, iv], T.grad((t3[:, iv, iv] ** 2).sum(), t3), [_TV, i2]),
+        }[name]
+        ins, out, vals = case
+        if name == "index_matrix":
+            out, vals = ins[0][ins[1]], [_XV, np.array([[0, 1], [3, 3]])]
+        return th.function(ins, out)(*vals)
+
+    assert_same(run)
+
+
+def test_scan_taps_as_pytensor():
+    def run(th, T):
+        seq, x0 = T.dvector(), T.dvector()
+
+        def scan(*a, **k):
+            res = th.scan(*a, **k) if th is ctheano else th.scan(*a, return_updates=True, **k)
+            return res[0]
+        several = scan(lambda a, b, c: a + 10 * b + 100 * c, sequences=dict(input=seq, taps=[-2, 0, 1]))
+        positive = scan(lambda a, b: a * 2 + b, sequences=dict(input=seq, taps=[3, -1]))
+        mitsot = scan(lambda s, a, b: a + b + s, sequences=seq, outputs_info=dict(initial=x0, taps=[-3, -1]))
+        fib = scan(lambda a, b: a - b, outputs_info=dict(initial=x0[:2], taps=[-2, -1]), n_steps=4)
+        f = th.function([seq, x0], [several, positive, mitsot, fib])
+        return f(np.arange(7.0), np.array([1.0, 2.0, 5.0]))
+
+    assert_same(run)
+
+
+def test_scan_strict_raises_missing_input():
+    from cgvm.errors import MissingInputError
+
+    seq, w = cT.dvector(), cT.dscalar()
+    sh = ctheano.shared(np.float64(2.0))
+    with pytest.raises(MissingInputError):
+        ctheano.scan(lambda s: s * w, sequences=seq, strict=True)
+    with pytest.raises(MissingInputError):
+        ctheano.scan(lambda s: s * sh, sequences=seq, strict=True)
+    with pytest.raises(Exception, match="missing inputs"):  # PyTensor raises for the shared variable too
+        pytensor.scan(lambda s: s * pytensor.shared(np.float64(2.0)), sequences=pt.dvector(), strict=True,
+                      return_updates=False)
+    out, _ = ctheano.scan(lambda s, ww: s * ww, sequences=seq, non_sequences=[w], strict=True)
+    np.testing.assert_array_equal(ctheano.function([seq, w], out)(np.arange(3.0), 2.0), [0.0, 2.0, 4.0])
+
+
+def test_ifelse_is_lazy_on_every_path():
+    from cgvm.theano.ifelse import ifelse
+
+    c, x, bad, seq = cT.lscalar(), cT.dvector(), cT.dvector(), cT.dvector()
+    boom = bad[np.int64(10)]  # out of bounds: evaluating it raises
+    with pytest.raises(IndexError):
+        ctheano.function([x, bad], boom + x)(_XV, np.ones(2))
+    np.testing.assert_array_equal(ctheano.function([c, x, bad], ifelse(c, x * 2, boom + x))(1, _XV, np.ones(2)), _XV * 2)
+    np.testing.assert_array_equal(ctheano.function([c, x, bad], ifelse(c, boom + x, x * 2))(0, _XV, np.ones(2)), _XV * 2)
+    nested = ifelse(c, ifelse(c - 1, boom + x, x * 3), x)
+    np.testing.assert_array_equal(ctheano.function([c, x, bad], nested)(1, _XV, np.ones(2)), _XV * 3)
+    out, _ = ctheano.scan(lambda s, b: ifelse(cT.gt(s, 0), s * 2, b[np.int64(10)]), sequences=seq, non_sequences=[bad])
+    np.testing.assert_array_equal(ctheano.function([seq, bad], out)(np.array([1.0, 2.0]), np.ones(2)), [2.0, 4.0])
+    g = cT.grad(ifelse(c, (x ** 2).sum(), boom * x.sum()), x)
+    np.testing.assert_array_equal(ctheano.function([c, x, bad], g)(1, _XV, np.ones(2)), 2 * _XV)
