@@ -12,7 +12,8 @@ Two walks over the graph (``rewrite``), each rule looking at a node and its rewr
      identity transpose, squeeze of expand_dims on the same axes) -> x. A constant only counts as the identity
      element when it neither widens x's shape nor changes its dtype.
    * stability (Theano's "stabilize"): ``log(softmax x)`` -> log_softmax; ``log(sigmoid x)`` ->
-     -softplus(-x); ``log(1 - sigmoid x)`` -> -softplus(x); ``log(1 + x)`` -> log1p;
+     -softplus(-x); ``log(1 - sigmoid x)`` -> -softplus(x); ``log(1 + exp x)`` and ``log1p(exp x)``
+     -> softplus(x); ``log(1 + x)`` -> log1p;
      ``exp(x) - 1`` -> expm1; ``exp(x) / sum(exp(x), axis, keepdims)`` -> softmax;
      ``binary_crossentropy(sigmoid x, t)`` -> softplus(x) - x t;
      ``categorical_crossentropy(softmax x, t)`` -> -sum(t log_softmax(x));
@@ -187,7 +188,18 @@ def _log(node, inputs):
         a, b = inner.inputs
         for one, y in ((a, b), (b, a)):
             if _is_const(one, 1.0) and _passes_through(y, one, x) and y.dtype.is_float:
+                e = producer(y, "exp")
+                if e is not None and e.inputs[0].type == out.type:
+                    return build(ew.softplus, e.inputs, {}, node)  # log(1 + exp z): stable for large z
                 return build(ew.log1p, [y], {}, node)
+    return None
+
+
+def _log1p(node, inputs):
+    """log1p(exp z) -> softplus(z) (what log(1 + exp z) became, or was written as)."""
+    e = producer(inputs[0], "exp")
+    if e is not None and e.inputs[0].type == node.outputs[0].type:
+        return build(ew.softplus, e.inputs, {}, node)
     return None
 
 
@@ -308,7 +320,7 @@ def _categorical_crossentropy(node, inputs):
 # --------------------------------------------------------------------------- the local walk
 
 LOCAL_RULES: Dict[str, Rule] = {
-    "mul": _mul, "add": _add, "sub": _sub, "div": _div, "neg": _neg, "exp": _exp, "log": _log,
+    "mul": _mul, "add": _add, "sub": _sub, "div": _div, "neg": _neg, "exp": _exp, "log": _log, "log1p": _log1p,
     "transpose": _transpose, "reshape": _reshape, "cast": _cast,
     "flatten": _shape_view, "reshape_like": _shape_view, "broadcast_to": _shape_view,
     "broadcast_like": _shape_view, "expand_dims": _shape_view, "squeeze": _shape_view, "sum_to_like": _shape_view,

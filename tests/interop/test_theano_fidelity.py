@@ -349,3 +349,39 @@ def test_ifelse_is_lazy_on_every_path():
     np.testing.assert_array_equal(ctheano.function([seq, bad], out)(np.array([1.0, 2.0]), np.ones(2)), [2.0, 4.0])
     g = cT.grad(ifelse(c, (x ** 2).sum(), boom * x.sum()), x)
     np.testing.assert_array_equal(ctheano.function([c, x, bad], g)(1, _XV, np.ones(2)), 2 * _XV)
+
+
+# ----------------------------------------------------------------------------- 6. rewrites and introspection
+
+
+@pytest.mark.parametrize("name", ["softplus", "softplus_swapped", "log1p_exp", "log_sigmoid", "log_1_minus_sigmoid",
+                                  "log_softmax"])
+def test_stable_rewrites_as_pytensor(name):
+    data = np.array([[-800.0, 0.0, 800.0]])
+
+    def run(th, T):
+        m = T.dmatrix()
+        sig = T.nnet.sigmoid if th is ctheano else T.sigmoid
+        sm = T.nnet.softmax if th is ctheano else (lambda z: T.special.softmax(z, axis=-1))
+        e = {"softplus": lambda: T.log(1 + T.exp(m)), "softplus_swapped": lambda: T.log(T.exp(m) + 1),
+             "log1p_exp": lambda: T.log1p(T.exp(m)), "log_sigmoid": lambda: T.log(sig(m)),
+             "log_1_minus_sigmoid": lambda: T.log(1 - sig(m)), "log_softmax": lambda: T.log(sm(m))}[name]()
+        return th.function([m], [e, T.grad(e[0, 0] + e.sum(), m)])(data)
+
+    ref, got = both(run)
+    for r, g in zip(ref, got):
+        assert np.isfinite(g).all()
+        np.testing.assert_allclose(g, r)
+
+
+def test_cse_and_fgraph_introspection():
+    x, W = cT.dmatrix("x"), ctheano.shared(np.ones((3, 2)), name="W")
+    y = cT.tanh(cT.dot(x, W)) + cT.tanh(cT.dot(x, W))
+    f = ctheano.function([x], y)
+    fg = f.maker.fgraph
+    ops = [n.op.name for n in fg.toposort()]
+    assert ops.count("matmul") + ops.count("gemm") + ops.count("gemm_bias_act") == 1  # merged, not twice
+    assert set(fg.toposort()) == fg.apply_nodes
+    assert fg.inputs == [x] and len(fg.outputs) == 1
+    for node in fg.toposort():
+        assert all(hasattr(v, "type") for v in list(node.inputs) + list(node.outputs))

@@ -112,7 +112,14 @@ def log(x):
     return wrap(ew.log(xv))
 
 
-def log1p(x): return wrap(ew.log1p(_v(x)))
+def log1p(x):
+    """log(1 + x); log1p(exp(z)) is built as softplus(z), stable with a stable gradient."""
+    v = _v(x)
+    if isinstance(v, Value) and v.node is not None and v.node.op.name == "exp":
+        return wrap(ew.softplus(v.node.inputs[0]))
+    return wrap(ew.log1p(v))
+
+
 def expm1(x): return wrap(ew.expm1(_v(x)))
 def log2(x): return wrap(ew.log2(_v(x)))
 def log10(x): return wrap(ew.log10(_v(x)))

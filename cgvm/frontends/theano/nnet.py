@@ -87,7 +87,7 @@ log_softmax = logsoftmax
 
 
 def stable_log(x: Value) -> Optional[Value]:
-    """A stable replacement for log(x) when x is a softmax or sigmoid (possibly indexed), else None."""
+    """A stable replacement for log(x) when x is a softmax, a sigmoid (possibly indexed) or 1 + exp(z), else None."""
     node = x.node
     if node is None:
         return None
@@ -99,6 +99,10 @@ def stable_log(x: Value) -> Optional[Value]:
     if op == "sub" and _is_one(node.inputs[0]) and node.inputs[1].node is not None \
             and node.inputs[1].node.op.name == "sigmoid":
         return ew.neg(ew.softplus(node.inputs[1].node.inputs[0]))
+    if op == "add":  # log(1 + exp(z)) -> softplus(z), so its gradient is sigmoid(z), not inf/inf
+        for one, y in (node.inputs, node.inputs[::-1]):
+            if _is_one(one) and y.node is not None and y.node.op.name == "exp" and y.type == x.type:
+                return ew.softplus(y.node.inputs[0])
     if op in ("advanced_index", "take", "slice", "squeeze", "expand_dims"):
         inner = stable_log(node.inputs[0])
         if inner is not None:
