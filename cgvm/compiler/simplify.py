@@ -273,7 +273,28 @@ def _shape_view(node, inputs):
         return None  # an unknown dimension may be 1 at run time, and then it is squeezed
     if name in ("flatten", "squeeze", "expand_dims"):
         return x if out.type == x.type else None
+    if name == "broadcast_like":
+        filled = _broadcast_fill(x, inputs[1], out, node)
+        if filled is not None:
+            return filled
     return x if out.type == x.type and _fully_known(x.shape) else None
+
+
+def _broadcast_fill(x: Value, like: Value, out: Value, node: Node) -> Optional[Value]:
+    """broadcast_like(one value everywhere, like) -> a fill shaped like ``like`` (autodiff's seeds:
+    ``ones_like(cost)`` expanded and broadcast), so no broadcast view is made at run time."""
+    src = x
+    while producer(src, "expand_dims") is not None:
+        src = src.node.inputs[0]
+    n = made(src)
+    if n is None or any(d != 1 for d in x.shape) or like.ndim != out.ndim or like.shape != out.shape:
+        return None
+    if n.op.name in _FILLS:
+        op = shp.ones_like if n.op.name == "ones_like" else shp.zeros_like
+        return build(op, [like], {"dtype": x.dtype}, node)
+    if n.op.name == "full_like":
+        return build(shp.full_like, [like], {"value": n.attrs["value"], "dtype": x.dtype}, node)
+    return None
 
 
 def _identity(node, inputs):
