@@ -103,5 +103,60 @@ def rnn_rows() -> List[Row]:
     return out
 
 
+def _scan(theano: Any, *args: Any, **kwargs: Any) -> Any:
+    res = theano.scan(*args, **kwargs) if "cgvm" in theano.__name__ else theano.scan(*args, return_updates=True,
+                                                                                        **kwargs)
+    return res[0]
+
+
+def small_scan() -> Row:
+    """Many calls on tiny data: an HMC-style leapfrog, 20 scan steps on 3x5 positions (float64)."""
+    row = Row("theano.scan small calls: 20 leapfrog steps on 3x5 positions, float64", number=200)
+    rng = np.random.default_rng(0)
+    cov_inv = np.linalg.inv(np.eye(5) + 0.1)
+    mu, v0 = rng.random(5), rng.standard_normal((3, 5))
+    for name, (theano, T) in _frameworks():
+        pos = theano.shared(rng.standard_normal((3, 5)), name="pos")
+        step = theano.shared(np.float64(0.01), name="step")
+
+        def energy(x, T=T):
+            return 0.5 * (T.dot(x - mu, cov_inv) * (x - mu)).sum(axis=1)
+
+        def leapfrog(p, v, eps, T=T, energy=energy):
+            new_v = v - eps * T.grad(energy(p).sum(), p)
+            return [p + eps * new_v, new_v]
+
+        vel = T.matrix("v0", dtype="float64")
+        ps, _ = _scan(theano, leapfrog, outputs_info=[pos, vel], non_sequences=[step], n_steps=20)
+        accept = T.exp(energy(pos) - energy(ps[-1]))
+        f = theano.function([vel], [ps[-1], accept])
+        row.add(name, lambda f=f: f(v0))
+    return row
+
+
+def mlp_step_float64() -> Row:
+    """The tutorial MLP's steady-state step in Theano's default float64 (784-500-10, batch 20)."""
+    row = Row("theano.function tutorial MLP 784-500-10 SGD step, batch 20, float64", number=50)
+    rng = np.random.default_rng(1)
+    data, labels = rng.random((200, 784)), rng.integers(0, 10, 200)
+    for name, (theano, T) in _frameworks():
+        X, Y = theano.shared(data, name="X"), theano.shared(labels, name="Y")
+        W1 = theano.shared(rng.uniform(-0.07, 0.07, (784, 500)), name="W1")
+        b1, b2 = theano.shared(np.zeros(500), name="b1"), theano.shared(np.zeros(10), name="b2")
+        W2 = theano.shared(np.zeros((500, 10)), name="W2")
+        x, y, i = T.matrix("x", dtype="float64"), T.vector("y", dtype="int64"), T.lscalar("i")
+        h = T.tanh(T.dot(x, W1) + b1)
+        z = T.dot(h, W2) + b2
+        logp = z - T.log(T.sum(T.exp(z - T.max(z, axis=1, keepdims=True)), axis=1, keepdims=True)) \
+            - T.max(z, axis=1, keepdims=True)
+        cost = -T.mean(logp[T.arange(y.shape[0]), y]) + 0.0001 * ((W1 ** 2).sum() + (W2 ** 2).sum())
+        params = [W1, b1, W2, b2]
+        grads = T.grad(cost, params)
+        f = theano.function([i], cost, updates=[(q, q - 0.01 * g) for q, g in zip(params, grads)],
+                            givens={x: X[i * 20:(i + 1) * 20], y: Y[i * 20:(i + 1) * 20]})
+        row.add(name, lambda f=f: f(3))
+    return row
+
+
 def rows(quick: bool = False) -> List[Row]:
-    return [call_overhead(), compile_time(), mlp_step()] + rnn_rows()
+    return [call_overhead(), compile_time(), mlp_step(), small_scan(), mlp_step_float64()] + rnn_rows()

@@ -8,7 +8,9 @@ values never carry gradients.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 from .errors import GradientError, apply_policy
 from .ir.graph import CONST, Value, toposort
@@ -16,7 +18,25 @@ from .ops import elementwise as ew
 from .ops import shape as shp
 from .ops.registry import install_gradient_builder
 
-__all__ = ["grad", "grad_map"]
+__all__ = ["grad", "grad_map", "gradient_rules"]
+
+#: gradient rules a frontend puts in place of ops' own, by op name (Theano's conventions at ties)
+_RULES: ContextVar[Mapping[str, Callable[..., Sequence[Any]]]] = ContextVar("cgvm_gradient_rules", default={})
+
+
+@contextmanager
+def gradient_rules(rules: Mapping[str, Callable[..., Sequence[Any]]]) -> Iterator[None]:
+    """Gradients built inside (including those of loop bodies) use ``rules[op name]`` where given.
+
+    A frontend whose reference defines a gradient differently from cgvm's op at a point (for
+    example Theano's ``max`` sends the whole gradient to every tied maximum, where cgvm splits it)
+    installs its convention here instead of declaring a second op.
+    """
+    token = _RULES.set({**_RULES.get(), **rules})
+    try:
+        yield
+    finally:
+        _RULES.reset(token)
 
 
 def _is_diff(v: Value) -> bool:
@@ -49,6 +69,7 @@ def grad_map(costs: Mapping[Value, Optional[Value]], wrt: Sequence[Value], *,
         pending.setdefault(id(out), []).append(seed)
 
     result: Dict[int, Value] = {}
+    rules = _RULES.get()
 
     def total(v: Value) -> Optional[Value]:
         parts = pending.pop(id(v), None)
@@ -74,7 +95,8 @@ def grad_map(costs: Mapping[Value, Optional[Value]], wrt: Sequence[Value], *,
                 continue  # piecewise-constant or integer-valued: the gradient is zero
             raise GradientError(f"op {node.op.name!r} has no gradient rule; needed by grad through "
                                 f"{node.where()}")
-        gins = node.op.build_grad(node, gouts)
+        rule = rules.get(node.op.name)
+        gins = list(rule(node, *gouts)) if rule is not None else node.op.build_grad(node, gouts)
         if len(gins) != len(node.inputs):
             raise GradientError(f"gradient rule of {node.op.name!r} returned {len(gins)} values "
                                 f"for {len(node.inputs)} inputs")

@@ -79,6 +79,10 @@ class ExecutionError(CgvmError):
     """A kernel failed at run time; the message carries the instruction and the node's source."""
 
 
+class IndexOutOfBoundsError(ExecutionError, IndexError):
+    """A kernel was given an index outside its tensor (also an IndexError, as NumPy and Theano raise)."""
+
+
 class BackendUnavailable(CgvmError):
     """The requested backend cannot be used here (library or device missing)."""
 

@@ -12,10 +12,13 @@ Two walks over the graph (``rewrite``), each rule looking at a node and its rewr
      identity transpose, squeeze of expand_dims on the same axes) -> x. A constant only counts as the identity
      element when it neither widens x's shape nor changes its dtype.
    * stability (Theano's "stabilize"): ``log(softmax x)`` -> log_softmax; ``log(sigmoid x)`` ->
-     -softplus(-x); ``log(1 - sigmoid x)`` -> -softplus(x); ``log(1 + x)`` -> log1p;
+     -softplus(-x); ``log(1 - sigmoid x)`` -> -softplus(x); ``log(1 + exp x)`` and ``log1p(exp x)``
+     -> softplus(x); ``log(1 + x)`` -> log1p;
      ``exp(x) - 1`` -> expm1; ``exp(x) / sum(exp(x), axis, keepdims)`` -> softmax;
      ``binary_crossentropy(sigmoid x, t)`` -> softplus(x) - x t;
-     ``categorical_crossentropy(softmax x, t)`` -> -sum(t log_softmax(x)).
+     ``categorical_crossentropy(softmax x, t)`` -> -sum(t log_softmax(x));
+     ``where(c, a, 0) * y`` and ``where(c, a, 0) / y`` -> ``where(c, a * y, 0)`` (Theano's switch
+     sinking: NaN-free gradients of ``switch(x > 0, sqrt(x), 0)``).
 2. Rules that consume a node's only reader (use counts taken at the start of the walk):
    * ``-sum/mean(onehot(labels) * log_softmax(x))`` over every axis -> ``softmax_cross_entropy``
      (normalization NONE, FULL or BATCH_SIZE as the reductions say). Labels outside the class
@@ -92,7 +95,34 @@ def _non_negative(v: Value) -> bool:
 # --------------------------------------------------------------------------- algebra
 
 def _mul(node, inputs):
-    return _identity_operand(node, inputs, 1.0, (0, 1))
+    x = _identity_operand(node, inputs, 1.0, (0, 1))
+    return x if x is not None else _sink_where(node, inputs, (0, 1))
+
+
+def _sink_where(node, inputs, positions):
+    """``where(c, a, 0) * y`` -> ``where(c, a * y, 0)`` (also ``/ y``), Theano's switch sinking.
+
+    The untaken branch then stays an exact 0 even where ``y`` is inf or NaN: the gradient of
+    ``switch(x > 0, sqrt(x), 0)`` is 0, not NaN, at x <= 0 (autodiff's where-gradient is such a
+    where, multiplied by the derivative of sqrt there).
+    """
+    out = node.outputs[0]
+    for k in positions:
+        w = producer(inputs[k], "where")
+        if w is None:
+            continue
+        c, a, b = w.inputs
+        for kept, zero_at in ((a, 2), (b, 1)):
+            if not _is_const(w.inputs[zero_at], 0.0) or kept.dtype is not w.outputs[0].dtype:
+                continue
+            args = list(inputs)
+            args[k] = kept
+            inner = build(node.op, args, dict(node.attrs), node)
+            zero = w.inputs[zero_at]  # kept: its shape takes part in the broadcast
+            new = build(ew.where, [c, inner, zero] if zero_at == 2 else [c, zero, inner], {}, node)
+            if new.type == out.type:
+                return new
+    return None
 
 
 def _add(node, inputs):
@@ -113,7 +143,8 @@ def _div(node, inputs):
     x = _identity_operand(node, inputs, 1.0, (1,))
     if x is not None:
         return x
-    return _manual_softmax(node, inputs)
+    x = _sink_where(node, inputs, (0,))
+    return x if x is not None else _manual_softmax(node, inputs)
 
 
 def _neg(node, inputs):
@@ -149,7 +180,18 @@ def _log(node, inputs):
         a, b = inner.inputs
         for one, y in ((a, b), (b, a)):
             if _is_const(one, 1.0) and _passes_through(y, one, x) and y.dtype.is_float:
+                e = producer(y, "exp")
+                if e is not None and e.inputs[0].type == out.type:
+                    return build(ew.softplus, e.inputs, {}, node)  # log(1 + exp z): stable for large z
                 return build(ew.log1p, [y], {}, node)
+    return None
+
+
+def _log1p(node, inputs):
+    """log1p(exp z) -> softplus(z) (what log(1 + exp z) became, or was written as)."""
+    e = producer(inputs[0], "exp")
+    if e is not None and e.inputs[0].type == node.outputs[0].type:
+        return build(ew.softplus, e.inputs, {}, node)
     return None
 
 
@@ -223,7 +265,30 @@ def _shape_view(node, inputs):
         return None  # an unknown dimension may be 1 at run time, and then it is squeezed
     if name in ("flatten", "squeeze", "expand_dims"):
         return x if out.type == x.type else None
+    if name == "broadcast_like":
+        filled = _broadcast_fill(x, inputs[1], out, node)
+        if filled is not None:
+            return filled
     return x if out.type == x.type and _fully_known(x.shape) else None
+
+
+def _broadcast_fill(x: Value, like: Value, out: Value, node: Node) -> Optional[Value]:
+    """broadcast_like(one value everywhere, like) -> a fill shaped like ``like`` (autodiff's seeds:
+    ``ones_like(cost)`` expanded and broadcast), so no broadcast view is made at run time."""
+    src = x
+    while producer(src, "expand_dims") is not None:
+        src = src.node.inputs[0]
+    n = made(src)
+    if n is None or any(d != 1 for d in x.shape) or like.ndim != out.ndim or like.shape != out.shape:
+        return None
+    if n.op.fill is not None:   # ones_like, zeros_like (ops declaring the one value they hold)
+        op = {1.0: shp.ones_like, 0.0: shp.zeros_like}.get(n.op.fill)
+        if op is not None:
+            return build(op, [like], {"dtype": x.dtype}, node)
+        return build(shp.full_like, [like], {"value": n.op.fill, "dtype": x.dtype}, node)
+    if n.op.name == "full_like":   # its value is an attribute, not a fact of the op
+        return build(shp.full_like, [like], {"value": n.attrs["value"], "dtype": x.dtype}, node)
+    return None
 
 
 def _identity(node, inputs):
@@ -270,7 +335,7 @@ def _categorical_crossentropy(node, inputs):
 # --------------------------------------------------------------------------- the local walk
 
 LOCAL_RULES: Dict[str, Simplification] = {
-    "mul": _mul, "add": _add, "sub": _sub, "div": _div, "neg": _neg, "exp": _exp, "log": _log,
+    "mul": _mul, "add": _add, "sub": _sub, "div": _div, "neg": _neg, "exp": _exp, "log": _log, "log1p": _log1p,
     "transpose": _transpose, "reshape": _reshape, "cast": _cast,
     "flatten": _shape_view, "reshape_like": _shape_view, "broadcast_to": _shape_view,
     "broadcast_like": _shape_view, "expand_dims": _shape_view, "squeeze": _shape_view, "sum_to_like": _shape_view,

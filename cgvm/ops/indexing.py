@@ -379,3 +379,58 @@ def _(xp, indices, *, depth, dtype, out=None):
     out[...] = hits
     return out
 
+
+
+# --------------------------------------------------------------------------- assignment at integer indices
+
+def _take_set_infer(types, axis):
+    x, val, idx = types
+    _require_int(idx, "take_set: indices")
+    return x
+
+
+take_set = defop("take_set", num_inputs=3, pattern=OPAQUE, attrs={"axis": Int(0)}, infer=_take_set_infer,
+                 doc="A copy of x with x[..., idx, ...] (idx on `axis`) set to val; with repeated indices the "
+                     "last write wins (NumPy's assignment, Theano's set_subtensor).")
+
+
+@take_set.kernel
+def _(xp, x, val, idx, *, axis, out=None):
+    if out is None:
+        out = x.copy()
+    elif out is not x:
+        out[...] = x
+    out[(_py_slice(None),) * (axis % x.ndim) + (idx,)] = val
+    return out
+
+
+@take_set.grad
+def _(node, g):
+    x, val, idx = node.inputs
+    axis = node.attrs["axis"]
+    gx = take_set(g, shp.zeros_like(take(g, idx, axis=axis)), idx, axis=axis)
+    gv = take(g, idx, axis=axis)
+    return [gx, red.sum_to_like(gv, val) if gv.shape != val.shape or None in val.shape else gv, None]
+
+
+advanced_set = defop("advanced_set", num_inputs=(3, None), pattern=OPAQUE,
+                     infer=lambda types: types[0],
+                     doc="A copy of x with x[i0, i1, ...] set to val (the last write wins on repeats).")
+
+
+@advanced_set.kernel
+def _(xp, x, val, *indices, out=None):
+    if out is None:
+        out = x.copy()
+    elif out is not x:
+        out[...] = x
+    out[tuple(indices)] = val
+    return out
+
+
+@advanced_set.grad
+def _(node, g):
+    x, val, indices = node.inputs[0], node.inputs[1], node.inputs[2:]
+    gv = advanced_index(g, *indices)
+    gx = advanced_set(g, shp.zeros_like(gv), *indices)
+    return [gx, red.sum_to_like(gv, val) if gv.shape != val.shape or None in val.shape else gv] + [None] * len(indices)

@@ -211,6 +211,16 @@ class OpDef(OpSchema):
     def __call__(self, *inputs: Any, name: Optional[str] = None, **attrs: Any):
         return apply(self, inputs, attrs, name=name)
 
+    # an op is a registered singleton: graphs that hold it pickle and deep-copy it by name
+    def __reduce__(self) -> Tuple[Any, Tuple[str]]:
+        return lookup, (self.name,)
+
+    def __copy__(self) -> "OpDef":
+        return self
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "OpDef":
+        return self
+
 
 _gradient_builder: Optional[Callable[..., Any]] = None
 

@@ -14,8 +14,8 @@ from ..frontends.theano import *  # noqa: F401,F403
 from ..frontends.theano import (In, Lop, Mode, Out, Rop, clone, config, debugprint, dprint,  # noqa: F401
                                 foldl, foldr, function, grad, ifelse as _ifelse_fn, map, pp, pprint, reduce,
                                 scan, shared, change_flags)
-from ..frontends.theano import (extra_ops, gradient, nlinalg, nnet, printing, random, scan_module,  # noqa: F401
-                                shared_randomstreams, signal, tensor)
+from ..frontends.theano import (extra_ops, gradient, nlinalg, nnet, printing, random, scalar,  # noqa: F401
+                                scan_module, shared_randomstreams, signal, tensor)
 from ..frontends.theano import ifelse as _ifelse_module_attr  # noqa: F401
 from ..frontends.theano.signal import pool as _pool
 
@@ -41,7 +41,8 @@ _ALIASES = {
     "tensor.shared_randomstreams": shared_randomstreams, "tensor.extra_ops": extra_ops,
     "tensor.nlinalg": nlinalg, "ifelse": _ifelse_module, "printing": printing, "gradient": gradient,
     "scan_module": scan_module, "scan": scan_module, "sandbox": _sandbox, "sandbox.rng_mrg": _rng_mrg,
-    "compile": _compile, "compile.function_module": _function_module,
+    "compile": _compile, "compile.function_module": _function_module, "scalar": scalar,
+    "tensor.xlogx": tensor.xlogx,
 }
 for _name, _mod in _ALIASES.items():
     sys.modules[f"{__name__}.{_name}"] = _mod

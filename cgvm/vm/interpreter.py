@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..backend.threads import ensure_configured
 from ..env import check_bytes
-from ..errors import CgvmError, ExecutionError, InputError
+from ..errors import CgvmError, ExecutionError, IndexOutOfBoundsError, InputError
 from ..ir.types import DType, TensorType
 from ..ops.kernels.scratch import aligned_empty
 from .bytecode import CALL, Program
@@ -181,7 +181,7 @@ class Executable:
         msg = f"{type(exc).__name__} in {prog.name} at {prog.where(pc)}\n  inputs: {got}\n  {exc}"
         if isinstance(exc, CgvmError) and not isinstance(exc, ExecutionError):
             return type(exc)(msg)
-        err = ExecutionError(msg)
+        err = IndexOutOfBoundsError(msg) if isinstance(exc, IndexError) else ExecutionError(msg)
         err.pc = pc
         err.node = prog.nodes[ins.node]
         return err

@@ -80,7 +80,7 @@ def build(batch: int, test_size: int, lr: float, momentum: float, seed: int,
     for p, g, rate in zip(params, grads, rates):
         velocity = theano.shared(np.zeros(p.get_value(borrow=True).shape, np.float32), name=f"{p.key}@velocity",
                                  workspace=workspace)
-        step = momentum * velocity - rate * g
+        step = np.float32(momentum) * velocity - np.float32(rate) * g  # float32 rates keep the float32 type
         updates += [(velocity, step), (p, p + step)]
     train_step = theano.function([x, y], cost, updates=updates, workspace=workspace, name="train_step")
 

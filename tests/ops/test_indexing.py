@@ -21,6 +21,12 @@ def ints(*values):
     return np.array(values, dtype=np.int64)
 
 
+def _assigned(x, index, v):
+    out = x.copy()
+    out[index] = v
+    return out
+
+
 def replaced(x, index, y):
     out = x.copy()
     out[index] = y
@@ -80,6 +86,12 @@ CASES = [
          lambda a, i: np.take(a, i, axis=1)),
     Case("take_negative_axis_dynamic", lambda x, i: I.take(x, i, axis=-1), [r(3, 4), ints(1, 1, 2)],
          lambda a, i: a[:, [1, 1, 2]], dynamic=True),
+    Case("take_set_axis1", lambda x, v, i: I.take_set(x, v, i, axis=1), [r(3, 5), r(3, 2), ints(4, 1)],
+         lambda a, v, i: _assigned(a, (slice(None), i), v), grad_inputs=[0, 1]),
+    Case("take_set_repeats_last_wins", lambda x, v, i: I.take_set(x, v, i, axis=0), [r(4, 2), r(3, 2), ints(1, 3, 1)],
+         lambda a, v, i: _assigned(a, i, v), grad=False),
+    Case("advanced_set", lambda x, v, i, j: I.advanced_set(x, v, i, j), [r(3, 4), r(2), ints(0, 2), ints(3, 1)],
+         lambda a, v, i, j: _assigned(a, (i, j), v), grad_inputs=[0, 1]),
     Case("take_int32_indices", lambda x, i: I.take(x, i, axis=0), [r(4, 2), np.array([2, 2], np.int32)],
          lambda a, i: a[[2, 2]]),
     Case("advanced_index", I.advanced_index, [r(5, 3), ints(4, 0, 4, 2)], lambda a, i: a[i]),

@@ -6,11 +6,10 @@
 Symbolic variables record cgvm IR through operator overloading; ``function`` compiles with
 cgvm's passes and VM; ``shared`` variables live in the Workspace; ``grad``, ``scan``,
 ``ifelse``, ``nnet`` and random streams follow Theano 1.0 / PyTensor semantics (see
-``shared/reference/theano_api.md``). One deliberate difference: ``config.floatX`` defaults to
-``'float32'`` (cgvm's convention) instead of Theano's ``'float64'``.
+``shared/reference/theano_api.md``); ``config.floatX`` defaults to ``'float64'`` as in Theano.
 """
 from ...errors import MissingInputError, UnusedInputError  # noqa: F401
-from . import gradient, ifelse as _ifelse_module, printing, scan_module, tensor  # noqa: F401
+from . import gradient, ifelse as _ifelse_module, printing, scalar, scan_module, tensor  # noqa: F401
 from .config import change_flags, config  # noqa: F401
 from .function import Function, In, Mode, Out, function  # noqa: F401
 from .gradient import Lop, Rop, grad, hessian, jacobian  # noqa: F401

@@ -1,7 +1,7 @@
 """Theano's elementwise math, comparisons, casts and reductions, each one cgvm op (or a few).
 
-Dtypes follow NumPy's promotion, with Python scalars weakly typed (``fvector * 0.5`` stays
-float32, as in Theano). Comparisons return bool (PyTensor's choice; Theano 1.0 gave int8).
+Dtypes follow NumPy's promotion of Theano's constants for Python numbers (``fvector * 0.5`` stays
+float32, ``fvector * 0.1`` is float64 unless floatX is float32, as in Theano). Comparisons return bool (PyTensor's choice; Theano 1.0 gave int8).
 Functions without a cgvm op of their own are written from ones that have one
 (``erfc = 1 - erf``, ``isnan = x != x``). ``and_``/``or_``/``xor``/``invert`` (and the operators
 ``& | ^ ~``) are bitwise on integers and logical on bools, as in NumPy and PyTensor.
@@ -26,10 +26,16 @@ Axis = Union[None, int, Sequence[int]]
 
 
 def _v(x: Any) -> Any:
-    """An op argument: the Value of a variable; Python scalars stay as they are (weakly typed)."""
+    """An op argument: the Value of a variable; a Python number becomes Theano's constant for it.
+
+    Theano's autocast: an int takes the smallest int type holding it, a float ``floatX`` when that
+    is float32, else float32 if it holds the value exactly and float64 otherwise; then NumPy's
+    promotion applies (``fvector * 0.5`` is float32, ``fvector * 0.1`` float64 under the default
+    floatX, ``bvector + 300`` int16).
+    """
     if isinstance(x, TensorVariable):
         return x.value
-    if isinstance(x, (bool, int, float, Value)) or isinstance(x, (np.bool_,)):
+    if isinstance(x, (bool, Value, np.bool_)):
         return x
     return as_tensor_variable(x).value
 
@@ -106,7 +112,14 @@ def log(x):
     return wrap(ew.log(xv))
 
 
-def log1p(x): return wrap(ew.log1p(_v(x)))
+def log1p(x):
+    """log(1 + x); log1p(exp(z)) is built as softplus(z), stable with a stable gradient."""
+    v = _v(x)
+    if isinstance(v, Value) and v.node is not None and v.node.op.name == "exp":
+        return wrap(ew.softplus(v.node.inputs[0]))
+    return wrap(ew.log1p(v))
+
+
 def expm1(x): return wrap(ew.expm1(_v(x)))
 def log2(x): return wrap(ew.log2(_v(x)))
 def log10(x): return wrap(ew.log10(_v(x)))

@@ -1,7 +1,7 @@
 """``theano.config``: the flags Theano scripts read and set, with ``change_flags``.
 
-cgvm's convention is float32, so ``floatX`` defaults to ``'float32'`` (Theano's own default is
-``'float64'``; scripts written for the GPU set float32 anyway). ``THEANO_FLAGS`` /
+``floatX`` defaults to ``'float64'``, as in Theano (scripts written for the GPU set float32 with
+``THEANO_FLAGS=floatX=float32`` or ``config.floatX = 'float32'``). ``THEANO_FLAGS`` /
 ``CGVM_THEANO_FLAGS`` (``"floatX=float64,mode=FAST_COMPILE"``) are read at import. Flags that only
 steer Theano's C code generation (``cxx``, ``blas.ldflags``, ``compiledir`` ...) are accepted and
 ignored, so configuration code written for Theano keeps running.
@@ -22,7 +22,7 @@ _CHOICES = {
 }
 
 _DEFAULTS: Dict[str, Any] = {
-    "floatX": "float32",
+    "floatX": "float64",
     "device": "cpu",
     "mode": "FAST_RUN",
     "linker": "cvm",

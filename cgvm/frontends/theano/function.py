@@ -22,6 +22,7 @@ from ...errors import InputError, MissingInputError, UnusedInputError, apply_pol
 from ...compiled import Function as CoreFunction
 from ...ir.builder import rebuild
 from ...ir.graph import CONST, INPUT, PARAM, Value, toposort
+from ...vm.workspace import default_workspace
 from .config import config
 from .shared import SharedVariable
 from .var import SHARED_BY_VALUE, TensorVariable, as_tensor_variable, convert_input, wrap
@@ -301,6 +302,21 @@ class Function:
     def __repr__(self) -> str:
         return f"<theano Function {self.name or ''}: {len(self._core.graph.nodes)} nodes>"
 
+    def __reduce__(self) -> Tuple[Any, Tuple[Dict[str, Any]]]:
+        """Pickled (and deep-copied) as its definition, compiled again when loaded.
+
+        The graph's shared variables travel with it, each with a copy of its value, as Theano's
+        pickled functions carry their storage.
+        """
+        spec = dict(self._spec)
+        if spec.get("workspace") is default_workspace():
+            spec["workspace"] = None
+        return _function_from_spec, (spec,)
+
+
+def _function_from_spec(spec: Dict[str, Any]) -> "Function":
+    return function(**spec)
+
 
 _MISSING = object()
 
@@ -328,25 +344,31 @@ def _as_in(x: Any) -> In:
 
 
 def _check_update(target: Any, expr: Any) -> Value:
-    from . import basic
+    """The update's value; TypeError unless it has the shared variable's type (Theano's rule).
 
+    The dtype must be the same (a float32 update of a float64 variable is refused, as in
+    Theano: cast it); the update may not make a dimension broadcastable (static length 1) that
+    the variable's type leaves free, nor contradict a fixed length.
+    """
     if not isinstance(target, SharedVariable):
         raise TypeError(f"update target {target!r} must be a shared variable")
-    expr = as_tensor_variable(expr)
+    if not isinstance(expr, TensorVariable):
+        expr = as_tensor_variable(np.asarray(expr, dtype=target.dtype))
     t, e = target.value.type, expr.value.type
     if t.ndim != e.ndim:
-        raise TypeError(f"update of {target!r} ({t!r}) has {e.ndim} dimensions instead of {t.ndim}")
-    for d, s in zip(t.shape, e.shape):
+        raise TypeError(f"an update must have the same type as the shared variable {target!r} ({t!r}): the "
+                        f"update has {e.ndim} dimensions instead of {t.ndim}")
+    for k, (d, s) in enumerate(zip(t.shape, e.shape)):
+        if d is None and s == 1:
+            raise TypeError(f"an update must have the same type as the shared variable {target!r} ({t!r}): the "
+                            f"update {e!r} makes dimension {k} broadcastable; use T.unbroadcast(update, {k}) or "
+                            "give the shared variable broadcastable=/shape=")
         if d is not None and s is not None and d != s:
             raise TypeError(f"update of {target!r} ({t!r}) has a different static shape: {e!r}")
     if e.dtype is not t.dtype:
-        if np.can_cast(e.dtype.np, t.dtype.np, "safe") or (
-                e.dtype.is_float and t.dtype.is_float and t.dtype.name == config.floatX):
-            expr = basic.cast(expr, t.dtype.name)
-        else:
-            raise TypeError(f"an update must have the same type as the shared variable {target!r}: it is "
-                            f"{t.dtype.name} and the update is {e.dtype.name}; cast the update "
-                            f"(T.cast(expr, {t.dtype.name!r})) if that is what you mean")
+        raise TypeError(f"an update must have the same type as the shared variable {target!r}: it is "
+                        f"{t.dtype.name} and the update is {e.dtype.name}; cast the update "
+                        f"(T.cast(expr, {t.dtype.name!r})) if that is what you mean")
     return expr.value
 
 

@@ -14,7 +14,10 @@ import numpy as np
 from ... import autodiff
 from ...errors import GradientError, apply_policy
 from ...ir.graph import CONST, Value
+from ...ops import elementwise as ew
 from ...ops import grad_control
+from ...ops import reduce as red
+from ...ops import shape as shp
 from .config import config
 from .var import TensorVariable, as_tensor_variable, wrap
 
@@ -35,6 +38,62 @@ class DisconnectedType:
 
     def __repr__(self) -> str:
         return "DisconnectedType()"
+
+
+class DisconnectedVariable:
+    """The gradient of a disconnected input with ``return_disconnected='Disconnected'`` (Theano's)."""
+
+    def __init__(self, wrt: Any):
+        self.type = DisconnectedType()
+        self.wrt = wrt
+
+    def __repr__(self) -> str:
+        return f"<DisconnectedType gradient of {self.wrt!r}>"
+
+
+def _every_tie_grad(node: Any, g: Value) -> List[Value]:
+    """Theano's max/min: the whole gradient to every entry equal to the result."""
+    hit = ew.cast(ew.eq(node.inputs[0], red._keepdims_output(node)), dtype=g.dtype)
+    return [ew.mul(red._keepdims_grad(node, g), hit)]
+
+
+def _first_wins_grad(node: Any, g: Value) -> List[Value]:
+    """Theano's maximum/minimum: the gradient to the first input where it is the result (ties
+    included), else to the second."""
+    a, b = node.inputs
+    ga = ew.mul(g, ew.cast(ew.eq(node.outputs[0], a), dtype=g.dtype))
+    return [ew._unbroadcast(ga, a), ew._unbroadcast(ew.sub(g, ga), b)]
+
+
+def _switch_grad(node: Any, g: Value) -> List[Value]:
+    """Theano's switch gradient: where(c, g, 0) to the first branch, where(c, 0, g) to the second.
+
+    A branch with the result's broadcast pattern takes it as is: in Theano a dimension that is not
+    broadcastable never broadcasts, so no reduction back to the branch's shape is needed, and the
+    ``where`` stays visible to the switch-sinking rewrite (NaN-free ``switch(x > 0, sqrt(x), 0)``).
+    """
+    c, a, b = node.inputs
+    out = node.outputs[0]
+    zero = shp.zeros_like(g)
+
+    def back(v: Value, gv: Value) -> Value:
+        same = v.ndim == out.ndim and all((d == 1) == (o == 1) for d, o in zip(v.shape, out.shape))
+        return gv if same else ew._unbroadcast(gv, v)
+
+    return [None, back(a, ew.where(c, g, zero)), back(b, ew.where(c, zero, g))]
+
+
+#: where Theano's gradients differ from cgvm's ops (which split ties equally, as PyTorch does)
+THEANO_GRADIENT_RULES = {"max": _every_tie_grad, "min": _every_tie_grad,
+                         "maximum": _first_wins_grad, "minimum": _first_wins_grad, "where": _switch_grad}
+
+
+def _int_cast_outputs(roots: Sequence[Value], w: Value) -> List[Value]:
+    """The float casts of integer ``w`` in the graph of ``roots``: Theano's gradient passes through them."""
+    from ...ir.graph import toposort
+
+    return [n.outputs[0] for n in toposort(roots) if n.op.name == "cast" and n.inputs[0] is w
+            and n.outputs[0].dtype.is_float]
 
 
 def _zeros_for(v: TensorVariable) -> TensorVariable:
@@ -58,8 +117,9 @@ def grad(cost: Any, wrt: Any, consider_constant: Optional[Sequence[Any]] = None,
 
     if disconnected_inputs not in ("raise", "warn", "ignore"):
         raise ValueError(f"disconnected_inputs must be 'raise', 'warn' or 'ignore', got {disconnected_inputs!r}")
-    if return_disconnected not in ("zero", "none", "disconnected"):
-        raise ValueError(f"return_disconnected must be 'zero', 'none' or 'disconnected', got {return_disconnected!r}")
+    if str(return_disconnected).lower() not in ("zero", "none", "disconnected"):
+        raise ValueError(f"return_disconnected must be 'zero', 'None' or 'Disconnected', got {return_disconnected!r}")
+    return_disconnected = str(return_disconnected).lower()
     if cost is not None:
         cost = as_tensor_variable(cost)
         if cost.ndim != 0:
@@ -75,15 +135,28 @@ def grad(cost: Any, wrt: Any, consider_constant: Optional[Sequence[Any]] = None,
     for w in wrt_list:
         if not isinstance(w, TensorVariable):
             raise TypeError(f"grad: wrt must be symbolic variables, got {type(w).__name__}")
-    float_wrt = [w for w in wrt_list if w.value.dtype.is_float and w.value.kind != CONST]
+    float_wrt = [w.value for w in wrt_list if w.value.dtype.is_float and w.value.kind != CONST]
     known = {as_tensor_variable(k).value: as_tensor_variable(g).value for k, g in (known_grads or {}).items()}
     blocked = [as_tensor_variable(v).value for v in (consider_constant or [])]
+    roots = ([] if cost is None else [cost.value]) + list(known)
+    # an integer wrt gets the gradient of its float casts (Theano's Cast passes it; other integer ops block it)
+    casts = {id(w.value): _int_cast_outputs(roots, w.value) for w in wrt_list
+             if not w.value.dtype.is_float and w.value.kind != CONST}
+    targets = float_wrt + [c for cs in casts.values() for c in cs]
     got: Dict[int, Any] = {}
-    if float_wrt:
-        res = autodiff.grad(None if cost is None else cost.value, [w.value for w in float_wrt],
-                            consider_constant=blocked, known_grads=known, disconnected_inputs="ignore",
-                            return_disconnected="none")
-        got = {id(w.value): g for w, g in zip(float_wrt, res)}
+    if targets:
+        # Theano's conventions for Theano variables; plain IR values (cgvm.grad from other frontends) keep cgvm's
+        with autodiff.gradient_rules({} if plain else THEANO_GRADIENT_RULES):
+            res = autodiff.grad(None if cost is None else cost.value, targets, consider_constant=blocked,
+                                known_grads=known, disconnected_inputs="ignore", return_disconnected="none")
+        got = {id(t): g for t, g in zip(targets, res)}
+    for wid, cs in casts.items():
+        parts = [got[id(c)] for c in cs if got.get(id(c)) is not None]
+        if parts:
+            total = parts[0]
+            for p in parts[1:]:
+                total = ew.add(total, p)
+            got[wid] = ew.cast(total, dtype=config.floatX)
     out: List[Any] = []
     for w in wrt_list:
         g = got.get(id(w.value))
@@ -102,7 +175,8 @@ def grad(cost: Any, wrt: Any, consider_constant: Optional[Sequence[Any]] = None,
         msg = (f"grad: the cost does not depend on {w!r} ({w.value.type!r}); it is disconnected from the "
                "cost. Pass disconnected_inputs='ignore' to get a zero gradient instead")
         apply_policy(disconnected_inputs, msg, DisconnectedInputError, stacklevel=2)
-        out.append(_zeros_for(w) if return_disconnected == "zero" else None)
+        out.append(_zeros_for(w) if return_disconnected == "zero" else
+                   DisconnectedVariable(w) if return_disconnected == "disconnected" else None)
     if plain:
         out = [o.value if isinstance(o, TensorVariable) else o for o in out]
     return out[0] if single else out

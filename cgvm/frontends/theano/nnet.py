@@ -57,9 +57,17 @@ def softsign(x: Any) -> TensorVariable:
     return B.true_div(x, B.add(B.abs(x), 1))
 
 
+def _as_row(v: Value, axis: Optional[int]) -> Value:
+    """Theano 1.0's softmax ops take a vector as a 1 x n row (and return one)."""
+    return S.shape_padleft(wrap(v)).value if v.ndim == 1 and axis == -1 else v
+
+
 def softmax(c: Any, axis: Optional[int] = -1) -> TensorVariable:
-    """Row-wise softmax (over the last axis; ``axis`` as in PyTensor's ``softmax(x, axis)``)."""
-    v = as_tensor_variable(c).value
+    """Row-wise softmax (over the last axis; ``axis`` as in PyTensor's ``softmax(x, axis)``).
+
+    A vector gives a 1 x n row, as Theano's ``T.nnet.softmax`` does.
+    """
+    v = _as_row(as_tensor_variable(c).value, axis)
     if axis is None:
         flat = S.flatten(wrap(v))
         return S.reshape(wrap(nn.softmax(flat.value, axis=0)), S.shape(wrap(v)))
@@ -67,7 +75,7 @@ def softmax(c: Any, axis: Optional[int] = -1) -> TensorVariable:
 
 
 def logsoftmax(c: Any, axis: Optional[int] = -1) -> TensorVariable:
-    v = as_tensor_variable(c).value
+    v = _as_row(as_tensor_variable(c).value, axis)
     return wrap(nn.log_softmax(v, axis=(axis if axis is not None else -1) % max(v.ndim, 1)))
 
 
@@ -75,7 +83,7 @@ log_softmax = logsoftmax
 
 
 def stable_log(x: Value) -> Optional[Value]:
-    """A stable replacement for log(x) when x is a softmax or sigmoid (possibly indexed), else None."""
+    """A stable replacement for log(x) when x is a softmax, a sigmoid (possibly indexed) or 1 + exp(z), else None."""
     node = x.node
     if node is None:
         return None
@@ -87,6 +95,10 @@ def stable_log(x: Value) -> Optional[Value]:
     if op == "sub" and _is_one(node.inputs[0]) and node.inputs[1].node is not None \
             and node.inputs[1].node.op.name == "sigmoid":
         return ew.neg(ew.softplus(node.inputs[1].node.inputs[0]))
+    if op == "add":  # log(1 + exp(z)) -> softplus(z), so its gradient is sigmoid(z), not inf/inf
+        for one, y in (node.inputs, node.inputs[::-1]):
+            if _is_one(one) and y.node is not None and y.node.op.name == "exp" and y.type == x.type:
+                return ew.softplus(y.node.inputs[0])
     if op in ("advanced_index", "take", "slice", "squeeze", "expand_dims"):
         inner = stable_log(node.inputs[0])
         if inner is not None:

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...ir.graph import CONST, input_value
+from ...ir.graph import CONST, INPUT, PARAM, input_value
 from ...ir.types import TensorType as IRType
 from ...ops import control
 from . import subgraph
@@ -180,6 +180,8 @@ def scan(fn: Any, sequences: Any = None, outputs_info: Any = None, non_sequences
     replaced = _replace_params(body_outs, upd_targets, upd_inputs)
     inside = subgraph.dependent_nodes(replaced, step_inputs + upd_inputs)
     body, captured, _ = subgraph.extract(replaced, step_inputs + upd_inputs, inside, name=name or "scan_fn")
+    if strict:
+        _check_strict(captured, seq_slices + carry_inits + non_seqs + upd_targets, name)
     # body inputs: sequences, carries (states, then updated shared values), captured non-sequences
     inits_all = [c.value for c in carry_inits] + [t.value for t in upd_targets]
     op_inputs = [s.value for s in seq_slices] + inits_all + captured
@@ -216,6 +218,19 @@ def scan(fn: Any, sequences: Any = None, outputs_info: Any = None, non_sequences
     single = len(results) == 1 and not return_list
     outputs = results[0] if single else results
     return (outputs, out_updates) if return_updates else outputs
+
+
+def _check_strict(captured: List[Any], passed: List[TensorVariable], name: Optional[str]) -> None:
+    """``strict=True``: fn may read no input or shared variable that was not passed to scan."""
+    from ...errors import MissingInputError
+    from .function import _leaves
+
+    allowed = {id(v) for v in _leaves([p.value for p in passed])} | {id(p.value) for p in passed}
+    for leaf in _leaves(list(captured)):
+        if leaf.kind in (INPUT, PARAM) and id(leaf) not in allowed:
+            raise MissingInputError(
+                f"scan{' ' + repr(name) if name else ''} (strict=True): fn uses {wrap(leaf)!r} ({leaf.type!r}), "
+                "which is not among the sequences, outputs_info or non_sequences; pass it in non_sequences")
 
 
 def _replace_params(values: List[Any], targets: List[SharedVariable], inner: List[Any]) -> List[Any]:

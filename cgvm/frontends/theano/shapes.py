@@ -120,9 +120,11 @@ def dimshuffle(x: Any, pattern: Sequence[Any]) -> TensorVariable:
         raise ValueError(f"dimshuffle: invalid pattern {pattern} for a tensor of rank {v.ndim}")
     dropped = [i for i in range(v.ndim) if i not in kept]
     for i in dropped:
-        if v.shape[i] not in (1, None):
-            raise ValueError(f"dimshuffle{pattern}: cannot drop axis {i} of length {v.shape[i]}; "
-                             "only broadcastable (length-1) axes may be dropped")
+        if v.shape[i] != 1:  # Theano refuses when the graph is built, even for a length known only later
+            length = "unknown length" if v.shape[i] is None else f"length {v.shape[i]}"
+            raise ValueError(f"dimshuffle{pattern}: you cannot drop a non-broadcastable dimension (axis {i}, "
+                             f"{length}); only broadcastable axes may be dropped: use T.addbroadcast(x, {i}) "
+                             "or a row/col type to mark it")
     out = v
     if dropped:
         out = shp.squeeze(out, axis=tuple(dropped))

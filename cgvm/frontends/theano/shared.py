@@ -82,6 +82,29 @@ class SharedVariable(TensorVariable):
     def __repr__(self) -> str:
         return self.name or f"<SharedVariable {self.key}>"
 
+    # -- pickling (Theano users ``pickle.dump`` their models) --------------------------
+    def __getstate__(self) -> dict:
+        """The variable with a copy of its value; the Workspace stays behind."""
+        state = super().__getstate__()
+        state.pop("workspace", None)
+        state["_pickled_array"] = self.workspace.backend.to_numpy(self.workspace[self.key])
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Back as a new shared variable of the default Workspace, under a fresh entry name.
+
+        The parameter Value is renamed in place, so every node of a graph unpickled with it
+        reads the new entry.
+        """
+        array = state.pop("_pickled_array")
+        self.__dict__.update(state)
+        ws = default_workspace()
+        self.workspace = ws
+        self.key = _unique_key(ws, self._name)
+        self._value.name = self.key
+        ws.set(self.key, array)
+        SHARED_BY_VALUE[id(self._value)] = weakref.ref(self, _forget(id(self._value)))
+
     __str__ = __repr__
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from ...ir.graph import CONST
 from ...ops import elementwise as ew
 from ...ops import indexing as ix
+from ...ops import selection as sel
 from ...ops import shape as shp
 from . import basic as B
 from .var import TensorVariable, as_tensor_variable, constant, wrap
@@ -97,6 +98,13 @@ def getitem(x: TensorVariable, index: Any) -> TensorVariable:
             axis += 1
         elif _const_scalar(item) is not None and not _is_array_index(item):
             k = _const_scalar(item)
+            n = out.value.shape[axis]
+            if n is None:  # length known only at run time: a gather, whose kernel checks the bound
+                idx = constant(k, dtype="int64")
+                out = _mark(ix.take(out.value, idx.value, axis=axis), out, "take", (axis, idx), x)
+                continue
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for axis {axis} of {x!r} (length {n})")
             attrs = dict(starts=(k,), stops=(k + 1 if k != -1 else None,), steps=(None,), axes=(axis,))
             out = _mark(ix.slice(out.value, **attrs), out, "slice", attrs, x)
             squeeze_axes.append(axis)
@@ -104,13 +112,38 @@ def getitem(x: TensorVariable, index: Any) -> TensorVariable:
         else:
             idx = as_tensor_variable(item)
             if idx.value.dtype.is_bool:
-                raise IndexError("boolean mask indexing is not supported; use T.switch or nonzero indices")
+                if axis != 0 or squeeze_axes:
+                    raise IndexError("a boolean mask index must come first (x[mask], x[mask, 1:3]); here it is "
+                                     f"at position {axis}")
+                out = _masked(out, idx, x)
+                axis = 1
+                continue
             if not idx.value.dtype.is_int:
                 raise IndexError(f"index must be an integer, got {idx.type!r}")
             out = _mark(ix.take(out.value, idx.value, axis=axis), out, "take", (axis, idx), x)
             axis += idx.ndim
     if squeeze_axes:
         out = _mark(shp.squeeze(out.value, axis=tuple(squeeze_axes)), out, "squeeze", tuple(squeeze_axes), x)
+    return out
+
+
+def _masked(x: TensorVariable, mask: TensorVariable, root: TensorVariable) -> TensorVariable:
+    """``x[mask]`` for a boolean mask over x's leading ``mask.ndim`` axes: the selected entries in
+    row-major order, one axis in place of the masked ones (NumPy's and PyTensor's rule)."""
+    from . import shapes
+
+    k = mask.ndim
+    if k == 0 or k > x.ndim:
+        raise IndexError(f"a boolean mask of rank {k} cannot index a tensor of rank {x.ndim}")
+    for d, (a, b) in enumerate(zip(mask.value.shape, x.value.shape)):
+        if a is not None and b is not None and a != b:
+            raise IndexError(f"boolean mask of shape {mask.value.shape} does not match axis {d} of {x!r} "
+                             f"(length {b})")
+    rest = shapes._dims(x)[k:]
+    rows = shapes.reshape(x, [-1] + list(rest)) if k != 1 else x
+    flat = shapes.flatten(mask, 1) if k != 1 else mask
+    out = wrap(sel.filter_rows(rows.value, flat.value))
+    out._sub_step = _Step(x, "mask", (rows, flat), x is not root)
     return out
 
 
@@ -123,24 +156,38 @@ def _is_array_index(i: Any) -> bool:
 
 
 def _advanced(x: TensorVariable, index: Tuple[Any, ...]) -> TensorVariable:
-    """Several integer arrays: pointwise on the leading axes (the common ``m[rows, cols]`` form)."""
-    lead = []
-    for i in index:
-        if isinstance(i, slice) or i is None:
-            break
-        lead.append(i)
-    rest = index[len(lead):]
-    if any(not (isinstance(r, slice) and r == slice(None)) for r in rest):
-        raise IndexError("advanced indexing with several index arrays is supported on the leading axes only "
-                         "(e.g. m[rows, cols] or m[rows, cols, :])")
+    """Several integer arrays (integers count as 0-d arrays), NumPy's rule for where results go.
+
+    The indexed axes are brought to the front, indexed pointwise there, and the broadcast index
+    dimensions moved back to where the indexed axes were when those were adjacent (else they stay
+    in front). Other axes take full slices.
+    """
+    if any(i is None for i in index):
+        raise IndexError("advanced indexing with several index arrays does not combine with newaxis here")
+    index = tuple(index) + (slice(None),) * (x.ndim - len(index))
+    adv = [k for k, i in enumerate(index) if not isinstance(i, slice)]
+    if any(not (isinstance(i, slice) and i == slice(None)) for i in index if isinstance(i, slice)):
+        raise IndexError("advanced indexing with several index arrays takes full slices (:) on its other axes; "
+                         "slice first, then index")
     idx = []
-    for i in lead:
+    for k in adv:
+        i = index[k]
         v = as_tensor_variable(i) if not _is_int(i) else constant(int(i), dtype="int64")
         if not v.value.dtype.is_int:
             raise IndexError(f"index must be an integer, got {v.type!r}")
         idx.append(v)
-    out = ix.advanced_index(x.value, *[v.value for v in idx])
-    return _mark(out, x, "advanced", tuple(idx), x)
+    others = [k for k in range(x.ndim) if k not in adv]
+    src = x
+    if adv != list(range(len(adv))):
+        perm = tuple(adv + others)
+        src = _mark(shp.transpose(x.value, perm=perm), x, "transpose", perm, x)
+    out = _mark(ix.advanced_index(src.value, *[v.value for v in idx]), src, "advanced", tuple(idx), x)
+    nb = out.ndim - len(others)
+    first = adv[0]
+    if adv == list(range(first, first + len(adv))) and first > 0:
+        perm2 = tuple(list(range(nb, nb + first)) + list(range(nb)) + list(range(nb + first, out.ndim)))
+        out = _mark(shp.transpose(out.value, perm=perm2), out, "transpose", perm2, x)
+    return out
 
 
 def _slice_indices(x: TensorVariable, axis: int, s: slice) -> TensorVariable:
@@ -191,6 +238,12 @@ def _write(sub: Any, y: Any, increment: bool) -> TensorVariable:
         yv = B.cast(yv, sub.dtype)
     parent = step.parent
     pv, val = parent.value, yv.value
+    if step.kind == "transpose":
+        inverse = tuple(int(k) for k in np.argsort(step.params))
+        val = shp.transpose(shp.broadcast_like(val, sub.value), perm=inverse)
+        if step.chained:
+            return _write(parent, wrap(val), increment)
+        return wrap(ew.add(pv, val)) if increment else wrap(val)
     if step.kind in ("squeeze", "newaxis"):
         full = shp.broadcast_like(val, sub.value)
         val = (shp.expand_dims(full, axis=step.params) if step.kind == "squeeze"
@@ -198,28 +251,44 @@ def _write(sub: Any, y: Any, increment: bool) -> TensorVariable:
         if step.chained:
             return _write(parent, wrap(val), increment)
         return wrap(ew.add(pv, val)) if increment else wrap(shp.broadcast_like(val, pv))
+    if increment and step.chained:
+        # an increment composes through the chain: the region's delta (zeros elsewhere) goes up as an
+        # increment, so repeated indices anywhere in the chain accumulate (Theano's inc_subtensor)
+        return _write(parent, wrap(_delta(step, pv, val, sub)), increment=True)
     if step.kind == "slice":
         op = ix.inc_subtensor if increment else ix.set_subtensor
         new_parent = wrap(op(pv, val, **step.params))
-    elif step.kind == "take":
+    elif increment:
+        new_parent = wrap(ew.add(pv, _delta(step, pv, val, sub)))
+    elif step.kind == "take":  # assignment: with repeated indices the last write wins, as in NumPy
         axis, idx = step.params
-        scattered = ix.take_grad(shp.broadcast_like(val, sub.value), pv, idx.value, axis=axis)
-        new_parent = _combine(pv, scattered, increment,
-                              lambda ones: ix.take_grad(ones, pv, idx.value, axis=axis), sub)
+        new_parent = wrap(ix.take_set(pv, shp.broadcast_like(val, sub.value), idx.value, axis=axis))
+    elif step.kind == "mask":
+        rows, mask = step.params
+        kept = sel.unfilter_rows(shp.broadcast_like(val, sub.value), mask.value, rows.value)
+        hit = sel.unfilter_rows(shp.ones_like(sub.value), mask.value, rows.value)
+        new_rows = ew.where(ew.gt(hit, 0), kept, rows.value)
+        new_parent = wrap(shp.reshape_like(new_rows, pv))
     else:  # advanced
         idx = [i.value for i in step.params]
-        scattered = ix.advanced_index_grad(shp.broadcast_like(val, sub.value), pv, *idx)
-        new_parent = _combine(pv, scattered, increment, lambda ones: ix.advanced_index_grad(ones, pv, *idx), sub)
+        new_parent = wrap(ix.advanced_set(pv, shp.broadcast_like(val, sub.value), *idx))
     if step.chained:
         return _write(parent, new_parent, increment=False)
     return new_parent
 
 
-def _combine(pv: Any, scattered: Any, increment: bool, scatter_ones: Any, sub: TensorVariable) -> TensorVariable:
-    if increment:
-        return wrap(ew.add(pv, scattered))
-    hit = ew.gt(scatter_ones(shp.ones_like(sub.value)), 0)
-    return wrap(ew.where(hit, scattered, pv))
+def _delta(step: _Step, pv: Any, val: Any, sub: TensorVariable) -> Any:
+    """Zeros shaped like the parent with ``val`` added at the region ``step`` selected (repeats add up)."""
+    full = shp.broadcast_like(val, sub.value)
+    if step.kind == "slice":
+        return ix.inc_subtensor(shp.zeros_like(pv), val, **step.params)
+    if step.kind == "take":
+        axis, idx = step.params
+        return ix.take_grad(full, pv, idx.value, axis=axis)
+    if step.kind == "mask":
+        rows, mask = step.params
+        return shp.reshape_like(sel.unfilter_rows(full, mask.value, rows.value), pv)
+    return ix.advanced_index_grad(full, pv, *[i.value for i in step.params])
 
 
 def take(a: Any, indices: Any, axis: Optional[int] = None, mode: str = "raise") -> TensorVariable:

@@ -1,7 +1,7 @@
 """``theano.tensor`` (``T``): variable constructors and the tensor functions, in one namespace.
 
 Constructors take ``(name=None, dtype=None)``; an unprefixed constructor uses ``config.floatX``
-(float32 in cgvm). Prefixes: b int8, w int16, i int32, l int64, f float32, d float64.
+(float64 unless set, as in Theano). Prefixes: b int8, w int16, i int32, l int64, f float32, d float64.
 ``row``/``col`` have a broadcastable (length-1) first/second axis. Plural helpers split a string
 into one variable per character (``dmatrices('xy')``) or make N anonymous ones.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Union
 
+from ...errors import DTypeError
 from . import nnet  # noqa: F401  (T.nnet)
 from . import sorting as _sorting
 from .basic import (abs, abs_, add, all, allclose, and_, any, arccos, arccosh, arcsin, arcsinh,  # noqa: F401
@@ -41,9 +42,16 @@ _RANK_SHAPES = {
 }
 
 
-def tensor(dtype: Any = None, broadcastable: Optional[Sequence[bool]] = None, name: Optional[str] = None,
-           shape: Optional[Sequence[Optional[int]]] = None) -> TensorVariable:
+def tensor(*args: Any, dtype: Any = None, broadcastable: Optional[Sequence[bool]] = None,
+           name: Optional[str] = None, shape: Optional[Sequence[Optional[int]]] = None) -> TensorVariable:
     """``T.tensor(dtype, broadcastable)`` (Theano) or ``tensor(name, dtype=, shape=)`` (PyTensor)."""
+    if args and dtype is not None:  # PyTensor: the positional argument is the name
+        name, args = args[0], args[1:]
+    positional = dict(zip(("dtype", "broadcastable", "name", "shape"), args))
+    dtype = positional.get("dtype", dtype)
+    broadcastable = positional.get("broadcastable", broadcastable)
+    name = positional.get("name", name)
+    shape = positional.get("shape", shape)
     if isinstance(dtype, str) and dtype not in ("floatX",) and broadcastable is None and shape is not None:
         try:
             TensorType(dtype, shape=())
@@ -89,14 +97,31 @@ for _kind in _RANK_SHAPES:
     for _prefix, _dt in DTYPE_PREFIX.items():
         _namespace[_prefix + _kind] = _constructor(_kind, _dt)
         _namespace[_prefix + _kind + "s"] = _plural(_namespace[_prefix + _kind])
+
+
+def _complex_constructor(kind: str, prefix: str):
+    def make(*args: Any, **kwargs: Any) -> TensorVariable:
+        dt = "complex64" if prefix == "c" else "complex128"
+        raise DTypeError(f"T.{prefix}{kind}: complex dtypes ({dt}) are not supported by cgvm; split the real "
+                         "and imaginary parts into two real tensors")
+    make.__name__ = prefix + kind
+    return make
+
+
+for _kind in _RANK_SHAPES:
+    for _prefix in "cz":
+        _namespace[_prefix + _kind] = _complex_constructor(_kind, _prefix)
+        _namespace[_prefix + _kind + "s"] = _namespace[_prefix + _kind]
 _namespace["matrices"] = _namespace["matrixs"]
 for _prefix in DTYPE_PREFIX:
     _namespace[_prefix + "matrices"] = _namespace[_prefix + "matrixs"]
+_namespace["cmatrices"], _namespace["zmatrices"] = _namespace["cmatrix"], _namespace["zmatrix"]
 del _kind, _prefix, _dt
 
 
 # Theano's sub-namespaces that scripts reach through T
 from . import extra_ops  # noqa: E402,F811
+from . import xlogx  # noqa: E402,F401
 from . import nlinalg  # noqa: E402,F811
 from .gradient import grad, jacobian, hessian, Rop, Lop  # noqa: E402,F401
 from . import shared_randomstreams  # noqa: E402,F401

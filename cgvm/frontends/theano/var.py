@@ -120,8 +120,8 @@ def convert_input(data: Any, want: IRType, *, strict: bool = False, allow_downca
                   and np.asarray(arr.astype(dtype) == arr).all()):
                 arr = arr.astype(dtype)  # python ints that fit: Theano accepts them
             elif (allow_downcast is None and arr.ndim == 0 and arr.dtype.kind == "f" and dtype.kind == "f"
-                  and dtype.name == float_x()):
-                arr = arr.astype(dtype)  # a python/0-d float into a floatX scalar
+                  and (dtype.name == float_x() or (is_python and arr.astype(dtype) == arr))):
+                arr = arr.astype(dtype)  # a python/0-d float into a floatX scalar, or one it holds exactly
             else:
                 raise TypeError(
                     f"{what}: cannot convert {arr.dtype.name} data to {dtype.name} without losing "
@@ -208,8 +208,16 @@ class TensorVariable:
 
     __str__ = __repr__
 
+    #: Theano 1.0: every variable is true (``if not W:`` tests an optional argument for None),
+    #: except results of ``<``, ``<=``, ``>``, ``>=``, whose truth would silently mean
+    #: ``a < b < c``; those raise
+    _is_nonzero = True
+
     def __bool__(self) -> bool:
-        raise TypeError("symbolic variables have no truth value; use T.switch or ifelse for conditions")
+        if self._is_nonzero:
+            return True
+        raise TypeError("a symbolic comparison has no truth value (chained comparisons such as a < b < c "
+                        "do not work on variables); use T.and_, T.switch or ifelse")
 
     def __iter__(self):
         n = self._value.shape[0] if self.ndim else None
@@ -221,6 +229,14 @@ class TensorVariable:
 
     def __len__(self) -> int:
         raise TypeError("symbolic variables have no len(); use x.shape[0]")
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_fn_cache", None)  # compiled functions of ``eval``: rebuilt on demand
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     # -- operators (delegated to the tensor namespace) -----------------------------
     def __add__(self, o): return _T().add(self, o)
@@ -240,10 +256,10 @@ class TensorVariable:
     def __neg__(self): return _T().neg(self)
     def __pos__(self): return self
     def __abs__(self): return _T().abs(self)
-    def __lt__(self, o): return _T().lt(self, o)
-    def __le__(self, o): return _T().le(self, o)
-    def __gt__(self, o): return _T().gt(self, o)
-    def __ge__(self, o): return _T().ge(self, o)
+    def __lt__(self, o): return _comparison(_T().lt(self, o))
+    def __le__(self, o): return _comparison(_T().le(self, o))
+    def __gt__(self, o): return _comparison(_T().gt(self, o))
+    def __ge__(self, o): return _comparison(_T().ge(self, o))
     def __invert__(self): return _T().invert(self)
     def __and__(self, o): return _T().and_(self, o)
     def __rand__(self, o): return _T().and_(o, self)
@@ -365,6 +381,11 @@ class TensorConstant(TensorVariable):
 # ----------------------------------------------------------------------------- wrapping
 
 
+def _comparison(result: TensorVariable) -> TensorVariable:
+    result._is_nonzero = False
+    return result
+
+
 def _T():
     from . import tensor
 
@@ -422,6 +443,8 @@ def constant(x: Any, name: Optional[str] = None, ndim: Optional[int] = None, dty
 def _autocast(arr: np.ndarray) -> np.ndarray:
     if arr.dtype.kind == "f":
         fx = np.dtype(float_x())
+        if arr.ndim == 0 and fx == np.float64 and arr.astype(np.float32) == arr:
+            return arr.astype(np.float32)  # Theano's autocast: the smallest float that holds it exactly
         if fx != arr.dtype and np.all(arr.astype(fx) == arr):
             return arr.astype(fx)
         return arr.astype(fx) if fx == np.float32 and arr.ndim == 0 else arr

@@ -152,7 +152,7 @@ def test_random_streams_seeded():
     f = theano.function([], [u, nrm, bi])
     u1, n1, b1 = f()
     u2, _, _ = f()
-    assert u1.shape == (2, 3) and u1.dtype == np.float32 and not np.allclose(u1, u2)
+    assert u1.shape == (2, 3) and u1.dtype == np.float64 and not np.allclose(u1, u2)
     assert abs(n1.mean() - 1.0) < 0.3 and abs(n1.std() - 2.0) < 0.3
     assert set(np.unique(b1)) <= {0, 1}
     frozen = theano.function([], u, no_default_updates=True)

@@ -18,7 +18,7 @@ def run(inputs, out, *vals):
 
 
 def test_constructors_and_types():
-    assert T.matrix().dtype == theano.config.floatX == "float32"
+    assert T.matrix().dtype == theano.config.floatX == "float64"  # Theano's default
     assert T.dvector("v").dtype == "float64" and T.dvector("v").name == "v"
     assert T.imatrix().dtype == "int32" and T.lscalar().dtype == "int64" and T.bvector().dtype == "int8"
     assert T.row().broadcastable == (True, False) and T.col().broadcastable == (False, True)
@@ -30,9 +30,9 @@ def test_constructors_and_types():
     t = T.TensorType("float64", (False, True))("t")
     assert t.type.shape == (None, 1) and t.type == T.TensorType("float64", shape=(None, 1))
     assert T.tensor(dtype="int32", broadcastable=(False,)).dtype == "int32"
-    with theano.config.change_flags(floatX="float64"):
-        assert T.vector().dtype == "float64"
-    assert T.vector().dtype == "float32"
+    with theano.config.change_flags(floatX="float32"):
+        assert T.vector().dtype == "float32"
+    assert T.vector().dtype == "float64"
 
 
 def test_upcasting():
