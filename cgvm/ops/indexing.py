@@ -430,7 +430,7 @@ def _(xp, x, val, *indices, out=None):
 
 @advanced_set.grad
 def _(node, g):
-    x, val, indices = node.inputs[0], node.inputs[1], node.inputs[2:]
+    val, indices = node.inputs[1], node.inputs[2:]
     gv = advanced_index(g, *indices)
     gx = advanced_set(g, shp.zeros_like(gv), *indices)
     return [gx, red.sum_to_like(gv, val) if gv.shape != val.shape or None in val.shape else gv] + [None] * len(indices)
