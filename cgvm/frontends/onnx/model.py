@@ -191,7 +191,8 @@ class OnnxModel:
         tr = self._translator(self.workspace, types, feeds)
         used = {n: feeds[n] for n in tr.used_feeds}
         ins = [tr.env[n] for n in self.input_names]
-        live_idx = [k for k, n in enumerate(self.input_names) if n not in used]
+        # every input stays an input: a value read as static may still feed nodes built before
+        live_idx = list(range(len(self.input_names)))
         outs_plan: List[Tuple[str, Any]] = []
         computed: List[Value] = []
         for v in tr.outputs:

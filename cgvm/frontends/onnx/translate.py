@@ -237,7 +237,32 @@ class GraphTranslator:
             arr = np.asarray(self.feeds[name])
             self.static[name] = arr
             return arr
+        if self.feeds and name in self.env:
+            return self._evaluate_from_feeds(name)
         return None
+
+    def _evaluate_from_feeds(self, name: str) -> Optional[np.ndarray]:
+        """The value of ``name`` computed from the run-time inputs it depends on (the backend
+        specializes on those inputs' values, so the result is exact for this call)."""
+        from cgvm.ir.graph import INPUT, PARAM, toposort
+
+        v = self.env[name]
+        nodes = toposort([v])
+        leaves = {id(x): x for nd in nodes for x in nd.inputs if x.kind == INPUT}
+        by_value = {id(val): n for n, val in self.env.items() if n in self.feeds}
+        if any(i not in by_value for i in leaves):
+            return None
+        ins = list(leaves.values())
+        g = Graph(ins, [v])
+        params = {p.name: self.workspace[p.name] for p in g.params
+                  if self.workspace is not None and p.name in self.workspace}
+        try:
+            arr = np.asarray(eval_graph(g, [np.asarray(self.feeds[by_value[id(x)]]) for x in ins], params)[0])
+        except Exception:
+            return None
+        self.used_feeds.update(by_value[id(x)] for x in ins)
+        self.static[name] = arr
+        return arr
 
     def set_static(self, name: str, arr: np.ndarray, foldable: bool = True) -> Value:
         arr = np.asarray(arr)
@@ -311,8 +336,8 @@ class GraphTranslator:
                 continue
             if v is None:
                 raise n.error(f"output {name!r} is not supported")
-            if isinstance(v, np.ndarray):
-                self.set_static(name, v, foldable=fold)
+            if isinstance(v, np.ndarray):   # computed while translating (from shapes or static inputs)
+                self.set_static(name, v)
                 continue
             if not isinstance(v, Value):
                 v = const_value(np.asarray(v))

@@ -159,7 +159,8 @@ def _topk(n):
     k = int(np.asarray(n.need_static(1, "K") if n.opset >= 10 else n.attr("k")).reshape(-1)[0])
     axis = axis_of(n.attr("axis", -1), x.ndim)
     largest = n.attr("largest", 1)
-    key = E.neg(x) if largest else x
+    # descending order as an ascending sort of a key; ~x reverses integer order exactly (no overflow)
+    key = (E.neg(x) if x.dtype.is_float else E.invert(x)) if largest else x
     order = S.argsort(key, axis=axis)   # stable: equal values keep the lower index first
     idx = I.slice(order, starts=(0,), stops=(k,), steps=(1,), axes=(axis,))
     return [S.take_along_axis(x, idx, axis=axis), idx]
@@ -171,6 +172,8 @@ def _cumsum(n):
     axis = axis_of(int(np.asarray(n.need_static(1, "axis")).reshape(-1)[0]), x.ndim)
     reverse, exclusive = bool(n.attr("reverse", 0)), bool(n.attr("exclusive", 0))
     y = R.cumsum(x, axis=axis, reverse=reverse)
+    if y.dtype != x.dtype:
+        y = E.cast(y, dtype=x.dtype)
     return E.sub(y, x) if exclusive else y
 
 

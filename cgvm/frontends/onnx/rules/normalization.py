@@ -103,4 +103,5 @@ def _lp_norm(n):
     p = n.attr("p", 2)
     norm = R.sum(E.abs(x), axis=(axis,), keepdims=True) if p == 1 else \
         E.sqrt(R.sum(E.square(x), axis=(axis,), keepdims=True))
-    return E.div(x, norm)
+    zero = E.eq(norm, const(0, norm))
+    return E.where(zero, shp.zeros_like(x), E.div(x, E.where(zero, shp.ones_like(norm), norm)))

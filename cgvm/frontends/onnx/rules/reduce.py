@@ -38,9 +38,29 @@ def _reduction(body):
             return body(x, None, keep, identity=True)
         if not axes:
             return shp.contiguous(x)
+        if None not in x.shape and any(x.shape[a] == 0 for a in axes):
+            return _empty_reduction(n, x, axes, keep)
         y = body(x, axes, keep, identity=False)
         return y if y.dtype == x.dtype else E.cast(y, dtype=x.dtype)
     return apply
+
+
+_IDENTITY = {"ReduceSum": 0, "ReduceMean": np.nan, "ReduceProd": 1, "ReduceL1": 0, "ReduceL2": 0,
+             "ReduceSumSquare": 0, "ReduceLogSum": -np.inf, "ReduceLogSumExp": -np.inf}
+
+
+def _empty_reduction(n, x, axes, keep):
+    """A reduction over an empty axis: the op's identity (max: the dtype's lowest, min: its highest)."""
+    dt = x.dtype.np
+    if n.op_type in ("ReduceMax", "ReduceMin"):
+        info = np.finfo(dt) if dt.kind == "f" else (np.iinfo(dt) if dt.kind in "iu" else None)
+        big = True if info is None else (np.inf if dt.kind == "f" else info.max)
+        small = False if info is None else (-np.inf if dt.kind == "f" else info.min)
+        value = small if n.op_type == "ReduceMax" else big
+    else:
+        value = _IDENTITY[n.op_type]
+    shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape) if keep or k not in axes)
+    return np.full(shape, value, dtype=dt)
 
 
 def _plain(fn, finish=None, prepare=None):

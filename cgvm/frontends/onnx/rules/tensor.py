@@ -159,7 +159,8 @@ def _constant_of_shape(n):
 
 @rule("Range")
 def _range(n):
-    start, limit, delta = (n.need_static(i, w) for i, w in enumerate(("start", "limit", "delta")))
+    start, limit, delta = (np.asarray(n.need_static(i, w)).reshape(-1)[0]
+                           for i, w in enumerate(("start", "limit", "delta")))
     count = max(int(np.ceil((limit - start) / delta)), 0)
     return (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype)
 
