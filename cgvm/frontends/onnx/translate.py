@@ -22,6 +22,7 @@ from cgvm.ir.graph import CONST, const_value, source_scope
 from cgvm.vm import Workspace, eval_graph
 
 from .errors import OnnxImportError, node_where
+from .functions import bind_attributes, function_body, has_function
 
 #: (domain, op_type) -> rule; filled by the modules of cgvm.frontends.onnx.rules
 RULES: Dict[tuple, "Rule"] = {}
@@ -301,7 +302,7 @@ class GraphTranslator:
             raise OnnxImportError(f"{node_where(node, self.file)}: unknown or unsupported domain {domain!r} "
                                   f"(cgvm translates the ai.onnx domain)")
         r = RULES.get(("", node.op_type))
-        if r is None:
+        if r is None and not has_function(node.op_type, self.opset):
             raise OnnxImportError(f"{node_where(node, self.file)}: op {node.op_type} is not supported by cgvm's "
                                   "ONNX frontend")
         inputs: List[Optional[Value]] = []
@@ -314,6 +315,9 @@ class GraphTranslator:
                 raise OnnxImportError(f"{node_where(node, self.file)}: input {name!r} is not produced by any "
                                       "earlier node, initializer or graph input")
             inputs.append(v)
+        if r is None:
+            self._expand_function(node, inputs)
+            return
         n = NodeContext(self, node, inputs)
         with source_scope(f"{self.file or 'onnx'}: {node_where(node)}"):
             try:
@@ -351,6 +355,32 @@ class GraphTranslator:
         if fold:
             self._fold(n, names)
 
+    def _expand_function(self, node: Any, inputs: List[Optional[Value]]) -> None:
+        """An op without a rule, translated as the function body ONNX defines for it."""
+        import onnx
+
+        fn = function_body(node, self.opset, inputs, self.file)
+        g = onnx.GraphProto()
+        g.node.extend(bind_attributes(fn, node))
+        g.name = f"{node.op_type} function"
+        bound: Dict[str, Any] = {}
+        for k, name in enumerate(fn.input):
+            if k < len(node.input) and node.input[k]:
+                g.input.add().name = name
+                bound[name] = self.env[node.input[k]]
+        for name in fn.output:
+            g.output.add().name = name
+        outs = self.inline(g, bound, optional_outputs=True)
+        for name, v in zip(node.output, outs):
+            if name:
+                if v is None:
+                    raise OnnxImportError(f"{node_where(node, self.file)}: output {name!r} is not computed by the "
+                                          "function body")
+                self.env[name] = v
+                if v.kind == CONST:
+                    self.static[name] = v.data
+                    self.foldable.add(name)
+
     def _fold(self, n: NodeContext, names: Sequence[str]) -> None:
         pending = [(name, self.env[name]) for name in names if name and self.env[name].kind != CONST]
         if not pending:
@@ -362,7 +392,7 @@ class GraphTranslator:
         for (name, _), arr in zip(pending, arrays):
             self.set_static(name, np.asarray(arr))
 
-    def inline(self, graph: Any, bound: Mapping[str, Any]) -> List[Value]:
+    def inline(self, graph: Any, bound: Mapping[str, Any], optional_outputs: bool = False) -> List[Value]:
         """Translate a sub-graph into this graph: its names in a child scope over the outer ones."""
         child = GraphTranslator(opset=self.opset, file=self.file, workspace=self.workspace, prefix=self.prefix,
                                 env=ChainMap({}, self.env), static=ChainMap({}, self.static),
@@ -382,6 +412,9 @@ class GraphTranslator:
         child.translate_nodes(graph.node)
         outs = []
         for o in graph.output:
+            if o.name not in child.env and optional_outputs:
+                outs.append(None)
+                continue
             if o.name not in child.env:
                 raise OnnxImportError(f"sub-graph {graph.name!r}: output {o.name!r} is never computed")
             outs.append(child.env[o.name])
@@ -395,7 +428,7 @@ class GraphTranslator:
             if (node.domain or "") not in DOMAINS:
                 raise OnnxImportError(f"{node_where(node, self.file)}: unknown or unsupported domain "
                                       f"{node.domain!r} (cgvm translates the ai.onnx domain)")
-            if ("", node.op_type) not in RULES:
+            if ("", node.op_type) not in RULES and not has_function(node.op_type, self.opset):
                 raise OnnxImportError(f"{node_where(node, self.file)}: op {node.op_type} is not supported by "
                                       "cgvm's ONNX frontend")
             for a in node.attribute:
