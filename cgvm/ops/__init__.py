@@ -3,4 +3,5 @@ from . import (control, conv, creation, elementwise, indexing, linalg, loss, nn,
                join, pool, reduce, selection, shape)
 from . import grad_control, random, sorting  # noqa: F401  (ops the Theano frontend needs)
 from . import fused  # noqa: F401  (ops the fusion passes produce)
+from . import tensor_math  # noqa: F401  (ops the ONNX frontend needs: bit_shift, cumprod, einsum, det)
 from .registry import BROADCAST, ELEMWISE, INJECTIVE, OPAQUE, REDUCE, OpDef, all_ops, defop, lookup

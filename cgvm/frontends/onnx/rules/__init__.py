@@ -1,2 +1,3 @@
 """The translation rules, one per ONNX op, in small tables by family (importing registers them)."""
-from . import elementwise, activations, tensor, indexing, reduce, nn, normalization, rnn, control, losses  # noqa: F401
+from . import (activations, control, elementwise, indexing, losses, nn, normalization, reduce, resize,  # noqa: F401
+               rnn, tensor)

@@ -71,9 +71,9 @@ def _pow(n):
 
 @rule("BitShift")
 def _bitshift(n):
-    x, y = n.input(0), n.input(1)
-    two = E.pow(const(2, x), cast_to(y, x.dtype.np))
-    return E.mul(x, two) if n.attr("direction") == "LEFT" else E.floordiv(x, two)
+    from cgvm.ops import tensor_math as TM
+
+    return TM.bit_shift(n.input(0), n.input(1), direction=n.attr("direction").lower())
 
 
 def _variadic(fn):

@@ -212,3 +212,55 @@ def _scatter_nd(n):
     src[targets.reshape(-1)] = size + np.arange(targets.size)
     both = J.concat(shp.reshape(x, shape=(-1,)), shp.reshape(upd, shape=(-1,)), axis=0)
     return shp.reshape(I.take(both, const_value(src), axis=0), shape=shape)
+
+
+@rule("CumProd")
+def _cumprod(n):
+    from cgvm.ops import tensor_math as TM
+
+    x = n.input(0)
+    axis = axis_of(int(np.asarray(n.need_static(1, "axis")).reshape(-1)[0]), x.ndim)
+    reverse, exclusive = bool(n.attr("reverse", 0)), bool(n.attr("exclusive", 0))
+    y = TM.cumprod(x, axis=axis, reverse=reverse)
+    if not exclusive:
+        return y
+    d = n.shape(0)[axis]
+    ones = shp.ones_like(I.slice(x, starts=(0,), stops=(1,), steps=(1,), axes=(axis,)))
+    if d <= 1:
+        return shp.ones_like(x)
+    if reverse:
+        return J.concat(I.slice(y, starts=(1,), stops=(d,), steps=(1,), axes=(axis,)), ones, axis=axis)
+    return J.concat(ones, I.slice(y, starts=(0,), stops=(d - 1,), steps=(1,), axes=(axis,)), axis=axis)
+
+
+@rule("Einsum")
+def _einsum(n):
+    from cgvm.ops import tensor_math as TM
+
+    return TM.einsum(*[v for v in n.inputs if v is not None], equation=n.attr("equation"))
+
+
+@rule("Det")
+def _det(n):
+    from cgvm.ops import tensor_math as TM
+
+    return TM.det(n.input(0))
+
+
+@rule("ReverseSequence")
+def _reverse_sequence(n):
+    x = n.input(0)
+    lens = np.asarray(n.need_static(1, "sequence_lens")).astype(np.int64)
+    t_ax, b_ax = n.attr("time_axis", 0), n.attr("batch_axis", 1)
+    shape = n.shape(0)
+    T, B = shape[t_ax], shape[b_ax]
+    # positions along the time axis, per batch entry: the first lens[b] reversed, the rest kept
+    pos = np.tile(np.arange(T)[:, None], (1, B))
+    for b in range(B):
+        L = int(lens[b])
+        pos[:L, b] = np.arange(L)[::-1]
+    idx_shape = [1] * len(shape)
+    idx_shape[t_ax], idx_shape[b_ax] = T, B
+    order = pos if t_ax < b_ax else pos.T
+    idx = np.broadcast_to(order.reshape(idx_shape), shape).astype(np.int64)
+    return S.take_along_axis(x, const_value(np.ascontiguousarray(idx)), axis=t_ax)
