@@ -1,4 +1,4 @@
-"""Ops the ONNX frontend needed that cgvm lacked: bit_shift, cumprod, einsum, det.
+"""Ops the ONNX frontend needed that cgvm lacked: bit_shift, cumprod, einsum, det, bitcast.
 
 bit_shift defines shifts by a negative amount or by at least the bit width (undefined in C) as
 ONNX does: all bits shifted out, so 0, or the sign fill (-1 for negatives) of an arithmetic right
@@ -14,7 +14,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 from ..errors import GradientError, ShapeError
-from ..ir.attrs import Bool, Int, Str
+from ..ir.attrs import Bool, DTypeAttr, Int, Str
 from ..ir.types import TensorType
 from . import elementwise as ew
 from . import shape as shp
@@ -195,3 +195,22 @@ det = defop("det", pattern=OPAQUE, infer=_det_infer, differentiable=False,
 @det.kernel
 def _(xp, x, out=None):
     return assign_out(xp, out, xp.linalg.det(x).astype(x.dtype, copy=False))
+
+
+# --------------------------------------------------------------------------- bitcast
+
+
+def _bitcast_infer(types, dtype):
+    t = types[0]
+    if t.dtype.itemsize != dtype.itemsize:
+        raise ShapeError(f"bitcast from {t.dtype.name} to {dtype.name}: the element sizes differ")
+    return TensorType(t.shape, dtype)
+
+
+bitcast = defop("bitcast", pattern=OPAQUE, differentiable=False, attrs={"dtype": DTypeAttr()}, infer=_bitcast_infer,
+                doc="The bits of x read as another dtype of the same size (numpy's ndarray.view).")
+
+
+@bitcast.kernel
+def _(xp, x, *, dtype, out=None):
+    return assign_out(xp, out, xp.ascontiguousarray(x).view(dtype.np))

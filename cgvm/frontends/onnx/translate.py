@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Mapping, MutableMapping, Optional,
 import numpy as np
 
 from cgvm.errors import CgvmError
-from cgvm.ir import Graph, TensorType, Value, input_value, param_value
+from cgvm.ir import DType, Graph, TensorType, Value, input_value, param_value
 from cgvm.ir.graph import CONST, const_value, source_scope
 from cgvm.vm import Workspace, eval_graph
 
@@ -64,15 +64,18 @@ def np_dtype(elem_type: int) -> np.dtype:
     if elem_type in _UNSUPPORTED_ELEM:
         raise OnnxImportError(f"tensor element type {_UNSUPPORTED_ELEM[elem_type]} is not supported by cgvm")
     try:
-        return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+        dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
     except Exception:
         raise OnnxImportError(f"unknown tensor element type {elem_type}") from None
+    try:
+        DType(dt)
+    except CgvmError:
+        raise OnnxImportError(f"tensor element type {dt.name} is not supported by cgvm") from None
+    return dt
 
 
 # element types cgvm has no dtype for (NumPy has none either, or only through ml_dtypes)
-_UNSUPPORTED_ELEM = {0: "UNDEFINED", 8: "STRING", 14: "COMPLEX64", 15: "COMPLEX128", 16: "BFLOAT16",
-                     17: "FLOAT8E4M3FN", 18: "FLOAT8E4M3FNUZ", 19: "FLOAT8E5M2", 20: "FLOAT8E5M2FNUZ",
-                     21: "UINT4", 22: "INT4", 23: "FLOAT4E2M1", 24: "FLOAT8E8M0", 25: "UINT2", 26: "INT2"}
+_UNSUPPORTED_ELEM = {0: "UNDEFINED", 8: "STRING", 14: "COMPLEX64", 15: "COMPLEX128"}
 
 
 def tensor_to_array(t: Any, where: str = "") -> np.ndarray:

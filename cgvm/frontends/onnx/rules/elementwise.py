@@ -101,14 +101,30 @@ def _round(n):
     return E.round(n.input(0))
 
 
+_SATURATING = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+
+
+def _onnx_cast(n, x, to):
+    """Cast ``x`` to ``to``; to a float8 format with ``saturate`` (the default) out-of-range values,
+    infinities included, become the format's largest finite value."""
+    to = np.dtype(to)
+    if to.name in _SATURATING and n.attr("saturate", 1) and x.dtype.is_float:
+        import ml_dtypes
+
+        top = float(ml_dtypes.finfo(to).max)
+        wide = x if x.dtype.np.itemsize >= 4 else E.cast(x, dtype="float32")
+        x = E.minimum(E.maximum(wide, const(-top, wide)), const(top, wide))
+    return cast_to(x, to)
+
+
 @rule("Cast")
 def _cast(n):
-    return cast_to(n.input(0), np_dtype(n.attr("to")))
+    return _onnx_cast(n, n.input(0), np_dtype(n.attr("to")))
 
 
 @rule("CastLike")
 def _castlike(n):
-    return cast_to(n.input(0), n.input(1).dtype.np)
+    return _onnx_cast(n, n.input(0), n.input(1).dtype.np)
 
 
 @rule("IsNaN")
@@ -153,3 +169,10 @@ def _clip(n):
     if hi is not None:
         y = E.minimum(y, hi)
     return y if y is not x else shp.contiguous(x)
+
+
+@rule("BitCast")
+def _bitcast(n):
+    from cgvm.ops import tensor_math as TM
+
+    return TM.bitcast(n.input(0), dtype=np_dtype(n.attr("to")))
