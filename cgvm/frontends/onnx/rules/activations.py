@@ -106,6 +106,9 @@ def _shrink(n):
 @rule("PRelu")
 def _prelu(n):
     x, slope = n.input(0), n.input(1)
+    if slope.ndim == 1 and x.ndim >= 2 and slope.shape[0] == x.shape[1] != x.shape[-1]:
+        # PRelu before opset 7 broadcast a (C,) slope along the channel axis
+        slope = shp.reshape(slope, shape=(-1,) + (1,) * (x.ndim - 2))
     return E.where(E.lt(x, const(0, x)), E.mul(x, slope), x)
 
 

@@ -55,9 +55,10 @@ def _reshape(n):
 @rule("Flatten")
 def _flatten(n):
     x = n.input(0)
-    axis = axis_of(n.attr("axis", 1), x.ndim) if x.ndim else 0
-    if n.attr("axis", 1) == x.ndim:
-        axis = x.ndim
+    axis = n.attr("axis", 1)
+    axis = axis + x.ndim if axis < 0 else axis      # 0..ndim (ndim: everything in the first axis)
+    if not 0 <= axis <= x.ndim:
+        raise n.error(f"axis {n.attr('axis', 1)} is out of range for rank {x.ndim}")
     s = x.shape
     if None not in s:
         lead, rest = int(np.prod(s[:axis], dtype=np.int64)), int(np.prod(s[axis:], dtype=np.int64))
