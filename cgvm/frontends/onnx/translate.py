@@ -105,7 +105,7 @@ def tensor_to_array(t: Any, where: str = "") -> np.ndarray:
         raise OnnxImportError(f"tensor {t.name!r}{where} cannot be read: {exc}") from None
     if arr.shape != dims:
         raise OnnxImportError(f"tensor {t.name!r}{where}: data of shape {arr.shape} for dims {list(dims)}")
-    return np.ascontiguousarray(arr)
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)  # (ascontiguousarray makes 0-d 1-d)
 
 
 def value_info_type(vi: Any, fixed: Optional[Mapping[str, int]] = None) -> TensorType:
