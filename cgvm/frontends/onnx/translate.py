@@ -200,6 +200,14 @@ class NodeContext:
             raise self.error(f"input {i} ({self.node.input[i]!r}) needs a known shape here, has {s}")
         return tuple(s)
 
+    def spatial(self, i: int) -> tuple:
+        """Input ``i``'s dimensions after batch and channel (N, C, s...), every one known."""
+        s = self.input(i).shape[2:]
+        if None in s:
+            raise self.error(f"input {i} ({self.node.input[i]!r}) needs known spatial dimensions, has "
+                             f"{self.input(i).shape}")
+        return tuple(s)
+
     def subgraph(self, name: str) -> Any:
         g = self.attr(name)
         if g is None:

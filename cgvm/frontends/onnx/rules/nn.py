@@ -61,9 +61,9 @@ def _attrs(n, nsp):
 def _conv(n):
     x, w = n.input(0), n.input(1)
     nsp = x.ndim - 2
-    kernel = ints(n.attr("kernel_shape", n.shape(1)[2:]))
+    kernel = ints(n.attr("kernel_shape", n.spatial(1)))
     strides, dilations = _attrs(n, nsp)
-    before, after = _geometry(n, n.shape(0)[2:], kernel, strides, dilations)
+    before, after = _geometry(n, n.spatial(0), kernel, strides, dilations)
     if before != after:
         x = _explicit_pad(x, before, after, 0.0)
         before = [0] * nsp
@@ -76,8 +76,8 @@ def _conv(n):
 def _conv_transpose(n):
     x, w = n.input(0), n.input(1)
     nsp = x.ndim - 2
-    spatial = n.shape(0)[2:]
-    kernel = ints(n.attr("kernel_shape", n.shape(1)[2:]))
+    spatial = n.spatial(0)
+    kernel = ints(n.attr("kernel_shape", n.spatial(1)))
     strides, dilations = _attrs(n, nsp)
     out_pad = ints(n.attr("output_padding", [0] * nsp))
     group = int(n.attr("group", 1))
@@ -115,7 +115,7 @@ def _pool_setup(n):
     dilations = ints(n.attr("dilations", [1] * nsp))
     if any(d != 1 for d in dilations):
         raise n.error("pooling with dilations is not supported")
-    before, after = _geometry(n, n.shape(0)[2:], kernel, strides, dilations)
+    before, after = _geometry(n, n.spatial(0), kernel, strides, dilations)
     return x, nsp, kernel, strides, before, after, bool(n.attr("ceil_mode", 0))
 
 
@@ -141,7 +141,7 @@ def _avg_pool(n):
     total = P.avg_pool(padded, pad=(0,) * nsp, count_include_pad=True, **geo)
     if include:
         return total
-    ones = np.ones((1, 1) + tuple(n.shape(0)[2:]), x.dtype.np)
+    ones = np.ones((1, 1) + n.spatial(0), x.dtype.np)
     ones = np.pad(ones, [(0, 0), (0, 0)] + list(zip(before, after)))
     frac = P.avg_pool(const_value(ones), pad=(0,) * nsp, count_include_pad=True, **geo)
     return E.div(total, frac)
