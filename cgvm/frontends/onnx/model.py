@@ -105,11 +105,24 @@ class OnnxModel:
         tr.check_ops(g)
         for name in self.input_names:
             value_info_type(self._input_info[name])
+        self._check_translation(staging)
         for name in list(staging.keys()):
             self.workspace[name] = staging[name]
         self.params: Dict[str, Value] = tr.params
 
     # -- translation ---------------------------------------------------------------------
+    def _check_translation(self, staging: Workspace) -> None:
+        """Translate once with the declared input types, so shape errors (an initializer that does not
+        fit its node) surface at load; what needs concrete inputs is left to the first call."""
+        saved, self.workspace = self.workspace, staging
+        try:
+            self._translator(staging, None, None)
+        except OnnxImportError as exc:
+            if not any(k in str(exc) for k in _DEFERRED):
+                raise
+        finally:
+            self.workspace = saved
+
     def input_types(self, fixed: Optional[Mapping[str, int]] = None) -> List[TensorType]:
         return [value_info_type(self._input_info[n], fixed) for n in self.input_names]
 
@@ -212,6 +225,11 @@ class OnnxModel:
     def __repr__(self) -> str:
         return (f"<OnnxModel {_graph_name(self)}: opset {self.opset}, inputs {self.input_names}, "
                 f"outputs {self.output_names}, {len(self.params)} parameters>")
+
+
+# translation errors that only mean "call me with concrete inputs"
+_DEFERRED = ("must be known", "needs a known shape", "needs known spatial", "must fold to a constant",
+             "sequence length and batch size must be known")
 
 
 def _single(outs: List[Any]) -> Any:
