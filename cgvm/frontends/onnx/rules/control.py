@@ -18,8 +18,8 @@ from .common import axis_of, ints
 def _if(n):
     cond = n.static(0)
     if cond is None:
-        raise n.error("If on a condition computed at run time is not supported (only a condition known "
-                      "when the model is translated)")
+        raise n.error("If's condition must be known when the model is translated (a condition computed "
+                      "at run time is not supported)")
     branch = n.subgraph("then_branch" if bool(np.asarray(cond).reshape(-1)[0]) else "else_branch")
     return n.run_subgraph(branch, {})
 

@@ -182,7 +182,7 @@ def _dropout(n):
     if n.has_input(2) and n.static(2) is None:
         raise n.error("training_mode must be known when the model is translated")
     if training and n.opset >= 12:
-        ratio = float(n.static(1)) if n.has_input(1) else 0.5
+        ratio = float(np.asarray(n.need_static(1, "ratio")).reshape(-1)[0]) if n.has_input(1) else 0.5
         if ratio != 0:
             raise n.error("Dropout in training mode (random masks) is not supported by the importer")
     outs = [shp.contiguous(x)]
@@ -216,7 +216,7 @@ def _space_to_depth(n):
 def _trilu(n):
     x = n.input(0)
     shape = n.shape(0)
-    k = int(n.static(1)) if n.has_input(1) else 0
+    k = int(np.asarray(n.need_static(1, "k")).reshape(-1)[0]) if n.has_input(1) else 0
     rows, cols = shape[-2], shape[-1]
     keep = np.tri(rows, cols, k=k - 1 if n.attr("upper", 1) else k, dtype=bool)
     keep = ~keep if n.attr("upper", 1) else keep
