@@ -43,7 +43,8 @@ class CgvmBackend(Backend):
     @classmethod
     def is_compatible(cls, model: Any, device: str = "CPU", **kwargs: Any) -> bool:
         ops = supported_ops()
-        return all((n.domain or "") in ("", "ai.onnx") and n.op_type in ops for n in model.graph.node)
+        return all(((n.domain or "") in ("", "ai.onnx") and n.op_type in ops) or (n.domain, n.op_type) in RULES
+                   for n in model.graph.node)
 
     @classmethod
     def prepare(cls, model: Any, device: str = "CPU", **kwargs: Any) -> CgvmRep:

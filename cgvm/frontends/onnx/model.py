@@ -24,7 +24,7 @@ from cgvm.ops import shape as shp
 from cgvm.vm import Workspace, default_workspace
 
 from .errors import OnnxFileError, OnnxImportError
-from .translate import DOMAINS, MAX_OPSET, GraphTranslator, make_input, np_dtype, value_info_type
+from .translate import DOMAINS, EXTRA_DOMAINS, MAX_OPSET, GraphTranslator, make_input, np_dtype, value_info_type
 
 
 def read_model(source: Any) -> Tuple[Any, Optional[str]]:
@@ -71,9 +71,14 @@ def model_opset(model: Any, file: Optional[str]) -> int:
         if imp.domain in DOMAINS:
             version = int(imp.version)
     if version is None:
-        version = 1 if not model.opset_import else None
+        others = sorted(imp.domain for imp in model.opset_import)
+        if not model.opset_import:
+            version = 1
+        elif any(d in EXTRA_DOMAINS for d in others) or all(n.domain not in DOMAINS for n in model.graph.node):
+            version = MAX_OPSET if any(d in EXTRA_DOMAINS for d in others) else None
     if version is None:
-        raise OnnxImportError(f"{where}the model imports no ai.onnx opset")
+        raise OnnxImportError(f"{where}the model imports no ai.onnx opset, only "
+                              f"{sorted(imp.domain for imp in model.opset_import)}, which cgvm does not translate")
     if version > MAX_OPSET:
         raise OnnxImportError(f"{where}opset {version} of ai.onnx is newer than the newest cgvm supports "
                               f"({MAX_OPSET})")

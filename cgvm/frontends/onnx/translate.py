@@ -30,6 +30,13 @@ RULES: Dict[tuple, "Rule"] = {}
 #: the newest ai.onnx opset this frontend translates (the installed onnx package's, at most 28)
 MAX_OPSET = 28
 DOMAINS = {"": "ai.onnx", "ai.onnx": "ai.onnx"}
+#: other domains with a few ops translated (by rules registered under the domain's name)
+EXTRA_DOMAINS = {"ai.onnx.preview.training": "ai.onnx.preview.training"}
+
+
+class Sequence(list):
+    """An ONNX sequence inside a graph: a list of Values whose length is known when translating.
+    (Sequences as graph inputs or outputs are not supported; inside a graph they are plumbing.)"""
 
 
 class Rule:
@@ -41,13 +48,13 @@ class Rule:
         self.fold = fold      # outputs computed from static inputs only are folded to constants
 
 
-def rule(*op_types: str, fold: bool = True) -> Callable:
-    """Register ``fn`` as the translation of the ai.onnx ops ``op_types``."""
+def rule(*op_types: str, fold: bool = True, domain: str = "") -> Callable:
+    """Register ``fn`` as the translation of the ops ``op_types`` (of the ai.onnx domain by default)."""
     def deco(fn):
         for op in op_types:
-            if ("", op) in RULES:
+            if (domain, op) in RULES:
                 raise ValueError(f"ONNX op {op} has two rules")
-            RULES[("", op)] = Rule(op, fn, fold)
+            RULES[(domain, op)] = Rule(op, fn, fold)
         return fn
     return deco
 
@@ -309,10 +316,10 @@ class GraphTranslator:
         from . import rules  # noqa: F401  (registers the rules)
 
         domain = node.domain or ""
-        if domain not in DOMAINS:
+        if domain not in DOMAINS and domain not in EXTRA_DOMAINS:
             raise OnnxImportError(f"{node_where(node, self.file)}: unknown or unsupported domain {domain!r} "
                                   f"(cgvm translates the ai.onnx domain)")
-        r = RULES.get(("", node.op_type))
+        r = RULES.get((DOMAINS.get(domain, domain) if domain in EXTRA_DOMAINS else "", node.op_type))
         if r is None and not has_function(node.op_type, self.opset):
             raise OnnxImportError(f"{node_where(node, self.file)}: op {node.op_type} is not supported by cgvm's "
                                   "ONNX frontend")
@@ -351,6 +358,9 @@ class GraphTranslator:
                 continue
             if v is None:
                 raise n.error(f"output {name!r} is not supported")
+            if isinstance(v, Sequence):
+                self.env[name] = v
+                continue
             if isinstance(v, np.ndarray):   # computed while translating (from shapes or static inputs)
                 self.set_static(name, v)
                 continue
@@ -393,7 +403,8 @@ class GraphTranslator:
                     self.foldable.add(name)
 
     def _fold(self, n: NodeContext, names: Sequence[str]) -> None:
-        pending = [(name, self.env[name]) for name in names if name and self.env[name].kind != CONST]
+        pending = [(name, self.env[name]) for name in names
+                   if name and not isinstance(self.env[name], Sequence) and self.env[name].kind != CONST]
         if not pending:
             return
         try:
@@ -436,7 +447,10 @@ class GraphTranslator:
         from . import rules  # noqa: F401  (registers the rules)
 
         for node in graph.node:
-            if (node.domain or "") not in DOMAINS:
+            domain = node.domain or ""
+            if domain in EXTRA_DOMAINS and (domain, node.op_type) in RULES:
+                continue
+            if domain not in DOMAINS:
                 raise OnnxImportError(f"{node_where(node, self.file)}: unknown or unsupported domain "
                                       f"{node.domain!r} (cgvm translates the ai.onnx domain)")
             if ("", node.op_type) not in RULES and not has_function(node.op_type, self.opset):
@@ -450,6 +464,8 @@ class GraphTranslator:
 
     def output_value(self, name: str) -> Value:
         v = self.env.get(name)
+        if isinstance(v, Sequence):
+            raise OnnxImportError(f"graph output {name!r} is a sequence: only tensor outputs are supported")
         if v is None:
             raise OnnxImportError(f"graph output {name!r} is not produced by any node"
                                   + (f" in {self.file}" if self.file else ""))
