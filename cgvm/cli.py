@@ -24,6 +24,10 @@ def command(name: str, help: str, add_arguments: Callable[[argparse.ArgumentPars
 
 def load_graph_file(path: str, args: argparse.Namespace):
     """A graph from a serialized cgvm graph, or from a Caffe prototxt when that frontend is present."""
+    if path.endswith(".onnx"):
+        from .frontends.onnx.cli_commands import graph_from_onnx  # the ONNX frontend provides this hook
+
+        return graph_from_onnx(path, args)
     if path.endswith((".prototxt", ".pt")):
         from .frontends.caffe import graph_from_prototxt  # the Caffe frontend provides this hook
 
@@ -34,7 +38,7 @@ def load_graph_file(path: str, args: argparse.Namespace):
 
 
 def _compile_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a serialized graph (.cgvm) or a Caffe .prototxt")
+    p.add_argument("model", help="a serialized graph (.cgvm), a Caffe .prototxt or an .onnx model")
     p.add_argument("--print-after", default="", help="comma-separated pass names, or 'all'")
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
     p.add_argument("--debug", action="store_true", help="verify the IR after every pass")
@@ -134,6 +138,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _load_frontend_commands() -> None:
     """Frontends register their commands on import (the Caffe frontend: train, test, time, run, draw, data)."""
     from .frontends.caffe import cli_commands  # noqa: F401
+    from .frontends.onnx import cli_commands as onnx_commands  # export; .onnx models for run, time, draw
+
+    onnx_commands.register()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,4 +167,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the importable module's main: frontends register their commands in cgvm.cli.COMMANDS,
+    # which under `python -m cgvm.cli` is not this __main__ module's dict
+    from cgvm.cli import main as _main
+
+    sys.exit(_main())
