@@ -104,7 +104,7 @@ def test_theano_function_exports_and_matches():
 
 def test_optimized_graph_with_fused_ops_exports_as_standard_ops():
     torch = pytest.importorskip("torch")
-    from torch_nets import ResNet18, export_bytes, randomize_batchnorm
+    from benchmarks.torch_onnx_nets import ResNet18, export_bytes, randomize_batchnorm
 
     torch.manual_seed(0)
     net = randomize_batchnorm(ResNet18(width=4, classes=5)).eval()

@@ -16,7 +16,7 @@ import cgvm.theano as theano  # noqa: E402
 import cgvm.theano.tensor as T  # noqa: E402
 from cgvm.ir import TensorType, input_value  # noqa: E402
 from cgvm.ops import reduce as R, elementwise as E  # noqa: E402
-from torch_nets import LSTMNet, ResNet18, export_bytes, randomize_batchnorm  # noqa: E402
+from benchmarks.torch_onnx_nets import LSTMNet, ResNet18, export_bytes, randomize_batchnorm  # noqa: E402
 
 
 @pytest.fixture(scope="module")
