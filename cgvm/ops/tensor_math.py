@@ -3,8 +3,8 @@
 bit_shift defines shifts by a negative amount or by at least the bit width (undefined in C) as
 ONNX does: all bits shifted out, so 0, or the sign fill (-1 for negatives) of an arithmetic right
 shift. cumprod's gradient divides by nothing (it is built from prefix products, so zeros are
-handled). einsum's gradient is einsum again for operands whose subscripts are distinct letters
-that all appear elsewhere in the equation.
+handled). einsum's gradient is einsum again (broadcast along letters summed within one operand); an
+operand with a repeated subscript (a diagonal) has none.
 """
 from __future__ import annotations
 
@@ -163,11 +163,17 @@ def _(node, g):
     for k, s in enumerate(ins):
         others = [ins[j] for j in range(len(ins)) if j != k]
         seen = set(o).union(*others) if others else set(o)
-        if len(set(s)) != len(s) or not set(s) <= seen:
+        if len(set(s)) != len(s):
             raise GradientError(f"einsum {node.attrs['equation']!r}: no gradient for operand {k} (a repeated "
-                                "subscript or one summed only within it)")
-        eq = ",".join([o] + others) + "->" + s
+                                "subscript: a diagonal)")
+        kept = "".join(c for c in s if c in seen)          # letters summed only within the operand are
+        eq = ",".join([o] + others) + "->" + kept           # restored below by broadcasting
         gk = einsum(g, *[xs[j] for j in range(len(xs)) if j != k], equation=eq)
+        if kept != s:
+            missing = tuple(i for i, c in enumerate(s) if c not in seen)
+            if any(xs[k].shape[i] is None for i in missing):
+                raise GradientError(f"einsum {node.attrs['equation']!r}: operand {k} needs a known shape")
+            gk = shp.broadcast_to(shp.expand_dims(gk, axis=missing), shape=tuple(xs[k].shape))
         if gk.shape != xs[k].shape:
             from . import reduce as red
 
