@@ -11,8 +11,6 @@ from __future__ import annotations
 import string
 from typing import List, Sequence, Tuple
 
-import numpy as np
-
 from ..errors import GradientError, ShapeError
 from ..ir.attrs import Bool, DTypeAttr, Int, Str
 from ..ir.types import TensorType

@@ -7,8 +7,7 @@ inputs read as static) and caches the program.
 """
 from __future__ import annotations
 
-import unittest
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 import onnx
@@ -16,7 +15,6 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 
 from cgvm.vm import Workspace
 
-from .errors import OnnxImportError
 from .model import OnnxModel
 from .translate import RULES, supported_ops
 

@@ -7,8 +7,6 @@ count of ones).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from cgvm.ir.graph import const_value

@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from cgvm.ir.graph import const_value
-from cgvm.ops import creation as C
 from cgvm.ops import elementwise as E
 from cgvm.ops import join as J
 from cgvm.ops import shape as shp
 
 from ..translate import rule
-from .common import axes_of, axis_of, const, ints
+from .common import axes_of, axis_of, ints
 
 
 @rule("Identity")
