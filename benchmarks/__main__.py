@@ -12,10 +12,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--only", default=None, help="run rows whose name contains this text")
     args = ap.parse_args(argv)
-    from . import caffe_nets, core, keras_rows, resnet_row, theano_rows
+    from . import caffe_nets, core, keras_rows, onnx_rows, resnet_row, theano_rows
 
     rows = (core.rows(quick=args.quick) + theano_rows.rows(quick=args.quick) + caffe_nets.rows(quick=args.quick)
-            + resnet_row.rows(quick=args.quick) + keras_rows.rows(quick=args.quick))
+            + resnet_row.rows(quick=args.quick) + keras_rows.rows(quick=args.quick) + onnx_rows.rows(quick=args.quick))
     if args.only:
         rows = [r for r in rows if args.only in r.name]
     done = []

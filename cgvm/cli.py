@@ -24,7 +24,11 @@ def load_graph_file(path: str, args: argparse.Namespace):
     """A graph from a serialized cgvm graph, or from a Caffe prototxt when that frontend is present."""
     refuse_weights_file(path)
     if os.path.isdir(path):
-        raise UsageError(f"{path} is a directory; give a model file (.prototxt or .cgvm)")
+        raise UsageError(f"{path} is a directory; give a model file (.prototxt, .onnx or .cgvm)")
+    if path.endswith(".onnx"):
+        from .frontends.onnx.cli_commands import graph_from_onnx  # the ONNX frontend provides this hook
+
+        return graph_from_onnx(path, args)
     if path.endswith((".prototxt", ".pt")):
         from .frontends.caffe import graph_from_prototxt  # the Caffe frontend provides this hook
 
@@ -49,7 +53,7 @@ def _pass_list(text: str) -> List[str]:
 def _compile_args(p: argparse.ArgumentParser) -> None:
     from .compiler import pass_names
 
-    p.add_argument("model", help="a serialized graph (.cgvm) or a Caffe .prototxt")
+    p.add_argument("model", help="a serialized graph (.cgvm), a Caffe .prototxt or an .onnx model")
     p.add_argument("--print-after", default=[], type=_pass_list, metavar="PASS[,PASS...]",
                    help="print the IR after these passes (whole after the first, then only what each "
                         f"changed): {', '.join(pass_names())}, or all")
@@ -168,6 +172,42 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_main((["--quick"] if args.quick else []) + (["--only", args.only] if args.only else []))
 
 
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a Caffe .prototxt, a Keras .keras/.h5 file, or an .onnx file")
+    p.add_argument("--weights", default="", help="a .caffemodel for a prototxt")
+    p.add_argument("-o", "--output", required=True, help="the .onnx file to write")
+    p.add_argument("--batch", type=int, default=1, help="batch size of the example input for a Keras model")
+
+
+# here, not in a frontend: it reads every frontend's files, and frontends never import each other
+@command("export", "write a model as ONNX (a Caffe net with weights, a Keras model, an ONNX model)", _export_args)
+def _export(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .frontends.onnx import export, load
+
+    path = args.model
+    if not os.path.isfile(path):
+        raise CgvmError(f"{path}: no such file")
+    if path.endswith((".prototxt", ".pt")):
+        from .frontends.caffe.pycaffe import Net
+
+        model = export(Net(path, phase="TEST", weights=args.weights or None), args.output)
+    elif path.endswith((".keras", ".h5", ".hdf5")):
+        from .frontends.keras.saving import load_model
+
+        km = load_model(path)
+        shape = tuple(args.batch if d is None else d for d in km.input_shape)
+        model = export(km, args.output, example=np.zeros(shape, np.float32))
+    elif path.lower().endswith(".onnx"):
+        model = export(load(path), args.output)
+    else:
+        raise UsageError(f"{path}: export reads .prototxt, .keras, .h5 or .onnx files")
+    print(f"wrote {args.output}: {len(model.graph.node)} nodes, {len(model.graph.initializer)} initializers, "
+          f"opset {model.opset_import[0].version}")
+    return 0
+
+
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
@@ -185,6 +225,9 @@ def _load_frontend_commands() -> None:
     """Frontends register their commands on import (the Caffe frontend: train, test, time, run, draw, data)."""
     from .frontends.caffe import cli_commands  # noqa: F401
     from .board import cli_command  # noqa: F401  (cgvm board)
+    from .frontends.onnx import cli_commands as onnx_commands  # .onnx models for run, time, draw
+
+    onnx_commands.register()
 
 
 _SUBPARSERS: Dict[str, argparse.ArgumentParser] = {}
@@ -275,4 +318,8 @@ def _distributed_exit(code: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run the importable module's main: frontends register their commands in cgvm.cli.COMMANDS,
+    # which under `python -m cgvm.cli` is not this __main__ module's dict
+    from cgvm.cli import main as _main
+
+    sys.exit(_main())

@@ -20,6 +20,14 @@ KIND_FROM_PROTO = {v: k for k, v in KIND_TO_PROTO.items()}
 ARRAY_KINDS = "biufc"  # bool, signed, unsigned, float, complex: fixed-size numbers only
 
 
+def storable(dtype) -> bool:
+    """Whether arrays of NumPy ``dtype`` can be saved: numbers and bools, and the narrow storage
+    formats the IR knows (bfloat16, float8, int4, ... from ml_dtypes)."""
+    from .types import _STORAGE_KINDS
+
+    return dtype.kind in ARRAY_KINDS or dtype.name in _STORAGE_KINDS
+
+
 def located(prefix: str, exc: SerializationError) -> SerializationError:
     """``exc`` with ``prefix`` (where it happened) in front of its message."""
     return SerializationError(f"{prefix}: {exc}")

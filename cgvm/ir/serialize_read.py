@@ -16,7 +16,7 @@ from . import cgvm_pb2 as pb
 from .builder import apply
 from .graph import CONST, INPUT, NODE, PARAM, Graph, Node, Value, const_value, input_value, param_value
 from .opschema import get_op
-from .serialize_format import ARRAY_KINDS, FORMAT_VERSION, KIND_FROM_PROTO, located
+from .serialize_format import FORMAT_VERSION, KIND_FROM_PROTO, located, storable
 from .types import DType, TensorType
 
 
@@ -149,7 +149,7 @@ def _read_tensor(tp: pb.TensorProto) -> np.ndarray:
         dtype = np.dtype(tp.dtype)
     except TypeError:
         raise SerializationError(f"unknown array dtype {tp.dtype!r}") from None
-    if dtype.kind not in ARRAY_KINDS:
+    if not storable(dtype):
         raise SerializationError(f"arrays of dtype {dtype} cannot be loaded; only numbers and bools")
     dims = tuple(tp.dims)
     if any(d < 0 for d in dims):

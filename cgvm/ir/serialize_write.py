@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import SerializationError
 from . import cgvm_pb2 as pb
 from .graph import CONST, PARAM, Graph, Node, Value
-from .serialize_format import ARRAY_KINDS, FORMAT_VERSION, KIND_TO_PROTO, located
+from .serialize_format import FORMAT_VERSION, KIND_TO_PROTO, located, storable
 from .types import DType
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -108,7 +108,7 @@ def _write_value(v: Value, vid: int, out: pb.ValueProto) -> None:
 
 def _write_tensor(arr: np.ndarray, out: pb.TensorProto) -> None:
     arr = np.asarray(arr)
-    if arr.dtype.kind not in ARRAY_KINDS:
+    if not storable(arr.dtype):
         raise SerializationError(f"arrays of dtype {arr.dtype} cannot be saved; only numbers and bools")
     out.dtype = arr.dtype.name
     out.dims.extend(arr.shape)

@@ -33,7 +33,7 @@ class DType:
         self.name = npd.name
         self.np = npd
         self.itemsize = npd.itemsize
-        self.kind = npd.kind  # 'f' float, 'i' signed, 'u' unsigned, 'b' bool
+        self.kind = _STORAGE_KINDS.get(npd.name, npd.kind)  # 'f' float, 'i' signed, 'u' unsigned, 'b' bool
         cls._interned[npd.name] = self
         return self
 
@@ -58,6 +58,18 @@ class DType:
 
 _SUPPORTED = {"float16", "float32", "float64", "int8", "int16", "int32", "int64",
               "uint8", "uint16", "uint32", "uint64", "bool"}
+
+#: narrow storage formats ONNX models carry (bfloat16, float8, int4, ...), NumPy dtypes from the
+#: ml_dtypes package where it is installed (onnx depends on it); their kind as the IR sees it
+_STORAGE_KINDS = {"bfloat16": "f", "float8_e4m3fn": "f", "float8_e4m3fnuz": "f", "float8_e5m2": "f",
+                  "float8_e5m2fnuz": "f", "float8_e8m0fnu": "f", "float4_e2m1fn": "f", "int4": "i", "uint4": "u",
+                  "int2": "i", "uint2": "u"}
+try:
+    import ml_dtypes as _ml_dtypes  # noqa: F401  (registers the dtypes with NumPy)
+
+    _SUPPORTED.update(_STORAGE_KINDS)
+except ImportError:  # pragma: no cover - without ml_dtypes only NumPy's own dtypes exist
+    pass
 
 DTypeLike = Union[DType, str, type, np.dtype]
 

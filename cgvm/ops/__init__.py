@@ -4,6 +4,7 @@ from . import (control, conv, creation, elementwise, indexing, linalg, loss, nn,
 from . import grad_control, random, sorting  # noqa: F401  (ops the Theano frontend needs)
 from . import fused  # noqa: F401  (ops the fusion passes produce)
 from . import detection  # noqa: F401  (SSD's DetectionOutput, for the Caffe frontend's fork layers)
+from . import tensor_math  # noqa: F401  (ops the ONNX frontend needs: bit_shift, cumprod, einsum, det)
 from .registry import BROADCAST, ELEMWISE, INJECTIVE, OPAQUE, REDUCE, OpDef, all_ops, defop, lookup
 
 # The kernel libraries moved to cgvm.ops.kernels, and the BLAS binding to cgvm.backend.blas; their

@@ -347,6 +347,13 @@ class Net:
             self.write_blob(entry, value)
 
     # ------------------------------------------------------------------ for solvers
+    def export_graph(self) -> Any:
+        """The forward pass as a cgvm Graph over this net's workspace (what exporters such as
+        cgvm.onnx.export read, without importing this frontend)."""
+        from cgvm.frontends.caffe.graph_export import graph_from_prototxt
+
+        return graph_from_prototxt("", net=self)
+
     def training_graph(self) -> "TrainingGraph":
         """Symbolic loss and gradients of the whole net for one compiled training step.
 

@@ -1,0 +1,3 @@
+"""The translation rules, one per ONNX op, in small tables by family (importing registers them)."""
+from . import (activations, control, elementwise, indexing, losses, nn, normalization, reduce, resize,  # noqa: F401
+               quantize, rnn, sequence, tensor)
