@@ -122,7 +122,7 @@ def test_theano_names_become_scopes_and_training_nodes_gradients_and_updates(tmp
     h.name = "hidden"
     cost = T.sum(h ** 2)
     cost.name = "cost"
-    f = theano.function([x], cost, updates=[(W, W - 0.1 * T.grad(cost, W))])
+    f = theano.function([x], cost, updates=[(W, W - np.float32(0.1) * T.grad(cost, W))])
     builder = f.write_graph(str(tmp_path / "t"))
     names = [n.name for n in builder.out.node]
     assert any(n.startswith("hidden/") for n in names) and any(n.startswith("cost/") for n in names)

@@ -29,7 +29,20 @@ def lowering(*names: str):
 
 
 def _simple(op_type: str):
-    return lambda ctx, node, ins: ctx.one(op_type, ins)
+    def lower(ctx, node, ins):
+        # cgvm's kernels promote mixed operands as NumPy does (a float64 x times a float32 weight);
+        # ONNX ops take one type, so the operands are cast to the common type first
+        data = node.inputs[1:] if op_type == "Where" else node.inputs
+        common = np.result_type(*[v.dtype.np for v in data]) if len(data) > 1 else None
+        if common is not None and any(v.dtype.np != common for v in data):
+            import onnx
+
+            to = onnx.helper.np_dtype_to_tensor_dtype(common)
+            skip = 1 if op_type == "Where" else 0
+            ins = list(ins[:skip]) + [ctx.one("Cast", [n], to=to) if v.dtype.np != common else n
+                                      for v, n in zip(data, ins[skip:])]
+        return ctx.one(op_type, ins)
+    return lower
 
 
 for _cg, _onnx in {"add": "Add", "sub": "Sub", "mul": "Mul", "pow": "Pow", "maximum": "Max", "minimum": "Min",

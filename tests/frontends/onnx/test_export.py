@@ -96,7 +96,9 @@ def test_theano_function_exports_and_matches():
     b = theano.shared(rng.standard_normal(5).astype(np.float32), name="b")
     h = T.tanh(T.dot(x, w) + b)
     f = theano.function([x], [T.nnet.softmax(h), T.max(h, axis=1), T.sqrt(T.abs_(h)).sum()])
-    xs = rng.standard_normal((3, 4)).astype(np.float32)
+    # floatX is float64 (Theano's default): x is float64 and the float32 weights are promoted, which
+    # the export spells as Casts
+    xs = rng.standard_normal((3, 4))
     exported = cgvm.onnx.export(f)
     for got, want in zip(run_ort(exported, xs), f(xs)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

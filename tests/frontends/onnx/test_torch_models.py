@@ -113,7 +113,7 @@ def test_fine_tune_imported_resnet_with_a_keras_head_and_a_theano_loss(resnet):
     params += [theano.shared_from_workspace(w) for w in head.trainable_weights]
     assert all(p.key.startswith("onnx/") for p in params[:len(model.params)])
     grads = theano.grad(cost, params)
-    step = theano.function([x, y], cost, updates=[(p, p - 0.1 * g) for p, g in zip(params, grads)],
+    step = theano.function([x, y], cost, updates=[(p, p - np.float32(0.1) * g) for p, g in zip(params, grads)],
                            workspace=ws)
     before = {k: np.array(ws[k]) for k in model.params}
     losses = [float(step(xs, ys)) for _ in range(10)]
