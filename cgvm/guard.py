@@ -25,8 +25,10 @@ DEFAULT_TIMEOUT_S = 60.0
 _BYTES_PER_SECOND = 50e6
 
 
-def read_timeout(path: Optional[str] = None) -> float:
-    """Seconds a guarded read of ``path`` may take: $CGVM_READ_TIMEOUT (default 60) + its size / 50 MB/s."""
+def read_timeout(path: Optional[str] = None, size: Optional[int] = None) -> float:
+    """Seconds a guarded read of ``path`` (or of ``size`` bytes) may take: $CGVM_READ_TIMEOUT
+    (default 60) + the size / 50 MB/s. Every guarded read of cgvm (Caffe's HDF5 weights and
+    solver states, the Keras HDF5 worker) takes its deadline from here."""
     raw = os.environ.get(TIMEOUT_VAR, "").strip()
     try:
         base = float(raw) if raw else DEFAULT_TIMEOUT_S
@@ -34,7 +36,8 @@ def read_timeout(path: Optional[str] = None) -> float:
         raise ConfigError(f"{TIMEOUT_VAR}={raw!r} is not a number of seconds") from None
     if not base > 0:
         raise ConfigError(f"{TIMEOUT_VAR}={raw!r}: give a positive number of seconds")
-    size = os.path.getsize(path) if path and os.path.isfile(path) else 0
+    if size is None:
+        size = os.path.getsize(path) if path and os.path.isfile(path) else 0
     return base + size / _BYTES_PER_SECOND
 
 

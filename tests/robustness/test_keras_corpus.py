@@ -310,12 +310,12 @@ def test_truncated_legacy_h5(legacy, tmp_path, fresh_workspace, cut):
 
 def test_hdf5_read_past_its_time_is_an_error_not_a_hang(legacy, fresh_workspace, monkeypatch):
     """A read libhdf5 never finishes is cut off by the worker's timeout (here made tiny to force it)."""
-    monkeypatch.setenv("CGVM_HDF5_TIMEOUT", "0.000001")
+    monkeypatch.setenv("CGVM_READ_TIMEOUT", "0.000001")
     failed_load(legacy, "gave no answer", fresh_workspace)
-    monkeypatch.setenv("CGVM_HDF5_TIMEOUT", "soon")
-    with pytest.raises(KerasConfigError, match="CGVM_HDF5_TIMEOUT"):
+    monkeypatch.setenv("CGVM_READ_TIMEOUT", "soon")
+    with pytest.raises(KerasConfigError, match="CGVM_READ_TIMEOUT"):
         keras.load_model(legacy)
-    monkeypatch.delenv("CGVM_HDF5_TIMEOUT")
+    monkeypatch.delenv("CGVM_READ_TIMEOUT")
     assert keras.load_model(legacy).name == "corpus_func"  # a new worker after the killed one
 
 

@@ -288,7 +288,7 @@ def open_h5(source: Union[str, bytes], name: str) -> Iterator[H5Snapshot]:
             except _Timeout as exc:
                 _respawn()  # the next file need not wait for a new worker to start
                 raise KerasConfigError(f"{name}: the HDF5 library gave no answer {doing} ({exc}); the file is "
-                                       "corrupt (or raise CGVM_HDF5_TIMEOUT for a very slow disk)") from exc
+                                       "corrupt (or raise CGVM_READ_TIMEOUT for a very slow disk)") from exc
             if reply[0] == "error":
                 _, where, exc_name, message = (tuple(reply) + ("", "", ""))[:4]
                 raise KerasConfigError(f"{name}: HDF5 object {where!r} cannot be read {doing}: {exc_name}: "

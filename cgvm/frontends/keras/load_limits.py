@@ -4,58 +4,47 @@
   with an optional K/M/G/T suffix; default half the machine's memory). ``budget`` counts what the
   layers built while loading one file ask for, so a config with ``units = 10**12`` is refused with
   the bytes it needs before NumPy is asked for them.
-- ``hdf5_timeout(size)``: how long the HDF5 worker may take (``CGVM_HDF5_TIMEOUT`` seconds; default
-  5 s plus 1 s per 50 MB of file: libhdf5 reads a small file
-  in milliseconds).
+- ``hdf5_timeout(size)``: how long the HDF5 worker may take (``CGVM_READ_TIMEOUT``, cgvm.guard's one
+  read deadline: 60 s by default plus 1 s per 50 MB of file).
 - ``parse_json(text, what)``: ``json.loads`` with the nesting depth checked first (deep nesting
   would exhaust Python's stack) and every failure a ``KerasConfigError`` naming ``what``.
 
-``CGVM_MAX_BYTES`` is meant to be the one byte limit of every cgvm loader (the Caffe frontend's too).
+Both limits are cgvm's own (cgvm.env, cgvm.guard), shared with the Caffe frontend's loaders.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from cgvm import env
+from cgvm.errors import ConfigError
+from cgvm.guard import read_timeout
+
 from .serialization import KerasConfigError
 
 #: how deep JSON objects and lists may nest in a model config (Keras' own nest about 15 deep)
 MAX_JSON_DEPTH = 100
 
-_SUFFIXES = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
-
-
 def max_bytes() -> int:
-    """The byte limit for one load (``CGVM_MAX_BYTES``; default half the physical memory)."""
-    raw = os.environ.get("CGVM_MAX_BYTES", "").strip()
-    if raw:
-        m = re.fullmatch(r"(\d+)\s*([KMGT]?)i?B?", raw, re.IGNORECASE)
-        if not m:
-            raise KerasConfigError(f"CGVM_MAX_BYTES={raw!r} is not a byte count (e.g. 4000000000 or 4G)")
-        return int(m.group(1)) * _SUFFIXES[m.group(2).upper()]
+    """The byte limit for one load: cgvm's one limit (``CGVM_MAX_BYTES``, see cgvm.env)."""
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    except (ValueError, OSError, AttributeError):
-        return 8 * 2 ** 30
+        return env.max_bytes()
+    except ConfigError as exc:
+        raise KerasConfigError(str(exc)) from exc
 
 
 def hdf5_timeout(file_bytes: int) -> float:
-    raw = os.environ.get("CGVM_HDF5_TIMEOUT", "").strip()
-    if raw:
-        try:
-            value = float(raw)
-        except ValueError:
-            value = -1.0
-        if not value > 0 or not math.isfinite(value):
-            raise KerasConfigError(f"CGVM_HDF5_TIMEOUT={raw!r} is not a positive number of seconds")
-        return value
-    return 5.0 + file_bytes / 50e6
+    """Seconds the HDF5 worker may take on a file of ``file_bytes``: cgvm's one read deadline
+    (``CGVM_READ_TIMEOUT``, see cgvm.guard)."""
+    try:
+        return read_timeout(size=file_bytes)
+    except ConfigError as exc:
+        raise KerasConfigError(str(exc)) from exc
 
 
 _budget: List[Optional[List[int]]] = [None]  # [used bytes, limit] while a file loads
