@@ -4,30 +4,18 @@ import pytest
 from harness import Case, check_case
 
 from cgvm.ops import detection as D
-from tests.frontends.caffe.fork_reference import detection_output_loops
-
-
-def _inputs(seed=3, n=2, priors=12, classes=4):
-    rng = np.random.default_rng(seed)
-    centres = rng.uniform(0.1, 0.9, size=(priors, 2))
-    sizes = rng.uniform(0.05, 0.4, size=(priors, 2))
-    corners = np.concatenate([centres - sizes / 2, centres + sizes / 2], axis=1).reshape(-1)
-    prior = np.stack([corners, np.tile([0.1, 0.1, 0.2, 0.2], priors)])[None].astype(np.float32)
-    loc = rng.normal(scale=0.5, size=(n, priors * 4)).astype(np.float32)
-    logits = rng.normal(scale=2.0, size=(n, priors, classes))
-    conf = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)).reshape(n, -1).astype(np.float32)
-    return [loc, conf, prior]
+from tests.frontends.caffe.fork_reference import detection_inputs, detection_output_loops
 
 
 CASES = [
     Case("detection_output_center_size", lambda l, c, p: D.detection_output(
         l, c, p, num_classes=4, nms_threshold=0.45, top_k=50, keep_top_k=10, confidence_threshold=0.05,
         code_type=D.CENTER_SIZE),
-        _inputs(), lambda l, c, p: detection_output_loops(l, c, p, 4, 0.45, 50, 10, 0.05, D.CENTER_SIZE),
+        detection_inputs(3, priors=12, peaky=2.0), lambda l, c, p: detection_output_loops(l, c, p, 4, 0.45, 50, 10, 0.05, D.CENTER_SIZE),
         grad=False),
     Case("detection_output_corner", lambda l, c, p: D.detection_output(
         l, c, p, num_classes=4, nms_threshold=0.3, confidence_threshold=0.2, code_type=D.CORNER),
-        _inputs(seed=5), lambda l, c, p: detection_output_loops(l, c, p, 4, 0.3, -1, -1, 0.2, D.CORNER),
+        detection_inputs(5, priors=12, peaky=2.0), lambda l, c, p: detection_output_loops(l, c, p, 4, 0.3, -1, -1, 0.2, D.CORNER),
         grad=False),
 ]
 

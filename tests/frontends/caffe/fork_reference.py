@@ -191,3 +191,16 @@ def torch_forward(net, data):
             raise AssertionError(f"the reference has no {t}")
         blobs[info.tops[0]] = y
     return {k: v.numpy() for k, v in blobs.items()}
+
+
+def detection_inputs(seed, n=2, priors=60, classes=4, peaky=3.0):
+    """(loc, conf, prior) for DetectionOutput: random priors with SSD's variances, softmaxed scores."""
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(0.1, 0.9, size=(priors, 2))
+    sizes = rng.uniform(0.05, 0.4, size=(priors, 2))
+    corners = np.concatenate([centres - sizes / 2, centres + sizes / 2], axis=1).reshape(-1)
+    prior = np.stack([corners, np.tile([0.1, 0.1, 0.2, 0.2], priors)])[None].astype(np.float32)
+    loc = rng.normal(scale=0.5, size=(n, priors * 4)).astype(np.float32)
+    logits = rng.normal(scale=peaky, size=(n, priors, classes))
+    conf = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    return loc, conf.reshape(n, -1).astype(np.float32), prior

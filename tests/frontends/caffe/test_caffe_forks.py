@@ -8,7 +8,8 @@ import pytest
 
 import cgvm.caffe as caffe
 from cgvm.frontends.caffe.errors import CaffeNetError, CaffeParseError
-from tests.frontends.caffe.fork_reference import detection_output_loops, normalize_numpy, prior_box_loops
+from tests.frontends.caffe.fork_reference import (detection_inputs, detection_output_loops, normalize_numpy,
+                                                  prior_box_loops)
 
 torch = pytest.importorskip("torch")
 
@@ -106,23 +107,11 @@ def test_prior_box_matches_the_forks_loops(spec, layer_hw, image_hw):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
 
 
-def _detection_case(seed, n=2, priors=60, classes=4, peaky=3.0):
-    rng = np.random.default_rng(seed)
-    centres = rng.uniform(0.1, 0.9, size=(priors, 2))
-    sizes = rng.uniform(0.05, 0.4, size=(priors, 2))
-    corners = np.concatenate([centres - sizes / 2, centres + sizes / 2], axis=1).reshape(-1)
-    prior = np.stack([corners, np.tile([0.1, 0.1, 0.2, 0.2], priors)])[None].astype(np.float32)
-    loc = rng.normal(scale=0.5, size=(n, priors * 4)).astype(np.float32)
-    logits = rng.normal(scale=peaky, size=(n, priors, classes))
-    conf = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    return loc, conf.reshape(n, -1).astype(np.float32), prior
-
-
 @pytest.mark.parametrize("threshold,top_k,keep,nms,code", [(0.01, 400, 200, 0.45, "CENTER_SIZE"),
                                                            (0.25, 100, 5, 0.45, "CENTER_SIZE"),
                                                            (0.3, -1, -1, 0.3, "CORNER"), (0.2, 20, 7, 0.6, "CORNER_SIZE")])
 def test_detection_output_matches_the_forks_loops(threshold, top_k, keep, nms, code):
-    loc, conf, prior = _detection_case(7)
+    loc, conf, prior = detection_inputs(7)
     n, p4 = loc.shape
     text = (_input(loc.shape, "loc") + _input(conf.shape, "conf") + _input(prior.shape, "prior") +
             'layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" top: "det" '
@@ -144,7 +133,7 @@ def test_detection_output_matches_the_forks_loops(threshold, top_k, keep, nms, c
 
 
 def test_detection_output_with_nothing_kept_gives_minus_one_rows():
-    loc, conf, prior = _detection_case(3, n=3, peaky=0.1)
+    loc, conf, prior = detection_inputs(3, n=3, peaky=0.1)
     text = (_input(loc.shape, "loc") + _input(conf.shape, "conf") + _input(prior.shape, "prior") +
             'layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" top: "det" '
             'detection_output_param { num_classes: 4 nms_param { nms_threshold: 0.45 } confidence_threshold: 0.9 } }')
@@ -158,7 +147,7 @@ def test_detection_output_with_nothing_kept_gives_minus_one_rows():
 
 
 def test_detection_output_checks_its_bottoms_and_settings():
-    loc, conf, prior = _detection_case(1)
+    loc, conf, prior = detection_inputs(1)
     good = _input(loc.shape, "loc") + _input(conf.shape, "conf") + _input(prior.shape, "prior")
     with pytest.raises(CaffeNetError, match="conf has .* values per image, expected 60 priors x 5"):
         caffe.Net(good + 'layer { name: "det" type: "DetectionOutput" bottom: "loc" bottom: "conf" bottom: "prior" '
