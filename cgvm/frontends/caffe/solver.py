@@ -237,7 +237,7 @@ class Solver:
 
     def _store_outputs(self, results) -> None:
         """Train-net outputs into their blobs, so ``solver.net.blobs['loss'].data`` reads as in Caffe."""
-        ws, net = self.workspace, self.net
+        net = self.net
         for name, value in zip(self._output_names, results[1:]):
             net.write_blob(net._entry(name), value)
 

@@ -258,7 +258,6 @@ def open_h5(source: Union[str, bytes], name: str) -> Iterator[H5Snapshot]:
     """The HDF5 file ``source`` (a path, or the file's bytes); ``name`` is how errors call it."""
     if isinstance(source, (bytes, bytearray)):
         length = len(source)
-        head = bytes(source[:8])
         sig_at = _signature_offset(bytes(source))
     else:
         if os.path.isdir(source):

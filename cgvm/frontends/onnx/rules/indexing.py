@@ -179,7 +179,7 @@ def _cumsum(n):
 
 @rule("ScatterElements", "Scatter")
 def _scatter_elements(n):
-    x, idx, upd = n.input(0), n.input(1), n.input(2)
+    x, upd = n.input(0), n.input(2)
     axis = axis_of(n.attr("axis", 0), x.ndim)
     reduction = n.attr("reduction", "none")
     pos = np.asarray(n.need_static(1, "indices"))
