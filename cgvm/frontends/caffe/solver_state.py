@@ -248,14 +248,8 @@ def read_hdf5_state(path: str, limit: int) -> Tuple[int, int, str, List[np.ndarr
                 total = 0
                 for i in range(len(group)):
                     where = f"/history/{i}"
-                    dataset = group.get(str(i))
-                    if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "fiu":
-                        raise CaffeParseError(f"{where} is missing or not a numeric dataset", filename=path)
-                    total += int(np.prod(dataset.shape, dtype=object)) * dataset.dtype.itemsize
-                    if total > limit:
-                        raise CaffeParseError(f"{where}: the histories need {total} bytes, past the limit of "
-                                              f"{limit} (CGVM_MAX_BYTES)", filename=path)
-                    histories.append(np.asarray(dataset[()]))
+                    history, total = _weights.read_numeric_dataset(group.get(str(i)), where, path, total, limit)
+                    histories.append(history)
     except CaffeParseError:
         raise
     except Exception as exc:   # h5py's KeyError / OSError / RuntimeError / ValueError on a corrupt file

@@ -106,6 +106,20 @@ def _stage_caffemodel(net: "Net", path: str) -> Dict[str, np.ndarray]:
     return staged
 
 
+def read_numeric_dataset(dataset: object, where: str, path: str, total: int, limit: int) -> Tuple[np.ndarray, int]:
+    """An HDF5 numeric dataset's values, and ``total`` plus its bytes, counted against ``limit``
+    before anything is read (CGVM_MAX_BYTES); a CaffeParseError naming ``where`` otherwise."""
+    import h5py
+
+    if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "fiu":
+        raise CaffeParseError(f"{where} is not a numeric dataset (or is missing)", filename=path)
+    total += int(np.prod(dataset.shape, dtype=object)) * dataset.dtype.itemsize
+    if total > limit:
+        raise CaffeParseError(f"{where}: the datasets need {total} bytes, past the limit of {limit} "
+                              "(CGVM_MAX_BYTES)", filename=path)
+    return np.asarray(dataset[()]), total
+
+
 def read_hdf5_groups(path: str, group_name: str, wanted: List[str], limit: int) -> Dict[str, Dict[str, np.ndarray]]:
     """``/<group_name>/<layer>/<i>`` datasets of the layers in ``wanted`` as arrays (run in a guarded child).
 
@@ -134,14 +148,7 @@ def read_hdf5_groups(path: str, group_name: str, wanted: List[str], limit: int) 
                     where = f"/{group_name}/{layer_name}/{key}"
                     if not key.isdigit():
                         raise CaffeParseError(f"{where}: blob names are 0, 1, ...", filename=path)
-                    dataset = layer_group[key]
-                    if not isinstance(dataset, h5py.Dataset) or dataset.dtype.kind not in "fiu":
-                        raise CaffeParseError(f"{where} is not a numeric dataset", filename=path)
-                    total += int(np.prod(dataset.shape, dtype=object)) * dataset.dtype.itemsize
-                    if total > limit:
-                        raise CaffeParseError(f"{where}: the datasets need {total} bytes, past the limit of "
-                                              f"{limit} (CGVM_MAX_BYTES)", filename=path)
-                    blobs[key] = np.asarray(dataset[()])
+                    blobs[key], total = read_numeric_dataset(layer_group[key], where, path, total, limit)
                 out[layer_name] = blobs
     except CaffeParseError:
         raise
