@@ -100,6 +100,12 @@ class _Setup:
             return None
         return const_value((t < self.lens).reshape(-1, 1))
 
+    def step_output(self, t, h_new, h):
+        """(Y row, next state) of step ``t``: past a sequence's length, Y is zeros and the state is kept."""
+        m = self.mask(t)
+        zeros = const_value(np.zeros((self.batch, self.hidden), self.x.dtype.np))
+        return _masked(m, h_new, zeros), _masked(m, h_new, h)
+
     def finish(self, ys_per_dir, finals):
         """Y (seq, dirs, batch, H) and the final states (dirs, batch, H), in the node's layout."""
         per_step = [J.stack(*[ys[t] for ys in ys_per_dir], axis=0) for t in range(self.seq)]
@@ -153,9 +159,8 @@ def _lstm(n):
                 go = E.add(go, E.mul(_rows(peep, H, 2 * H), c_new))
             o_t = f_act(s.clipped(go))
             h_new = E.mul(o_t, h_act(c_new))
-            m = s.mask(t)
-            ys[t] = _masked(m, h_new, const_value(np.zeros((s.batch, H), s.x.dtype.np)))
-            h, c = _masked(m, h_new, h), _masked(m, c_new, c)
+            ys[t], h = s.step_output(t, h_new, h)
+            c = _masked(s.mask(t), c_new, c)
         ys_all.append(ys)
         hs.append(h)
         cs.append(c)
@@ -205,9 +210,7 @@ def _gru(n):
                     cand = E.add(cand, _rows(rb, 2 * H, 3 * H))
             ht = g_act(s.clipped(cand))
             h_new = E.add(E.mul(E.sub(const(1, z), z), ht), E.mul(z, h))
-            m = s.mask(t)
-            ys[t] = _masked(m, h_new, const_value(np.zeros((s.batch, H), s.x.dtype.np)))
-            h = _masked(m, h_new, h)
+            ys[t], h = s.step_output(t, h_new, h)
         ys_all.append(ys)
         hs.append(h)
     return s.finish(ys_all, [hs])[:n.num_outputs]
@@ -231,9 +234,7 @@ def _rnn(n):
         order = range(s.seq) if direction == "forward" else range(s.seq - 1, -1, -1)
         for t in order:
             h_new = act(s.clipped(E.add(_take(xw, 0, t), L.matmul(h, r))))
-            m = s.mask(t)
-            ys[t] = _masked(m, h_new, const_value(np.zeros((s.batch, H), s.x.dtype.np)))
-            h = _masked(m, h_new, h)
+            ys[t], h = s.step_output(t, h_new, h)
         ys_all.append(ys)
         hs.append(h)
     return s.finish(ys_all, [hs])[:n.num_outputs]
