@@ -38,10 +38,17 @@ def hard_sigmoid(x: Any) -> TensorVariable:
 
 
 def relu(x: Any, alpha: Any = 0) -> TensorVariable:
-    """max(x, 0), or leaky with slope ``alpha`` below zero (alpha may be a tensor)."""
+    """max(x, 0), or leaky with slope ``alpha`` below zero (alpha may be a tensor).
+
+    Written as Theano 1.0 writes it, ``0.5 * (x + abs(x))`` (``f1 x + f2 |x|`` when leaky), so that
+    its gradient is Theano's too: ``0.5 * (1 + alpha)`` at exactly 0, where cgvm's relu op gives 0.
+    The values are max(x, 0) to the bit (x + |x| is 2x or +0, and halving is exact)."""
     if isinstance(alpha, (int, float)):
-        return wrap(ew.relu(as_tensor_variable(x).value, negative_slope=float(alpha)))
-    f1, f2 = B.mul(B.add(1, alpha), 0.5), B.mul(B.sub(1, alpha), 0.5)
+        if alpha == 0:
+            return B.mul(B.add(x, B.abs(x)), 0.5)
+        f1, f2 = 0.5 * (1 + alpha), 0.5 * (1 - alpha)
+    else:
+        f1, f2 = B.mul(B.add(1, alpha), 0.5), B.mul(B.sub(1, alpha), 0.5)
     return B.add(B.mul(f1, x), B.mul(f2, B.abs(x)))
 
 
