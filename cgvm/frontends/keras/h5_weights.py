@@ -68,22 +68,37 @@ def has_weights(model: Any) -> bool:
     return bool(_model_weight_groups(model))
 
 
-def read_weights_h5(model: Any, snap: H5Snapshot) -> List[Tuple[Any, np.ndarray]]:
-    """(variable, array) for every weight of ``model`` in a Keras 3 weights file, all checked."""
+def read_weights_h5(model: Any, snap: H5Snapshot, skip_mismatch: bool = False) -> List[Tuple[Any, np.ndarray]]:
+    """(variable, array) for every weight of ``model`` in a Keras 3 weights file, all checked.
+
+    ``skip_mismatch`` leaves, with a warning, a layer whose group is missing or holds other counts
+    or shapes than the layer's weights (Keras skips the object whose variables fail to load)."""
     wanted = []
     for group, lname, variables in _model_weight_groups(model):
         g = snap.root.get(group)
         if g is None or g.kind != "group":
-            raise KerasConfigError(f"{snap.name}: no weights for layer {lname!r} (expected group {group!r})")
-        if len(g.keys()) != len(variables):
-            raise KerasConfigError(f"{snap.name}: layer {lname!r} has {len(variables)} weights, the file "
-                                   f"{len(g.keys())} (in {group!r})")
-        for i, var in enumerate(variables):
-            node = g.get(str(i))
-            if node is None:
-                raise KerasConfigError(f"{snap.name}: layer {lname!r} weight {var.name!r}: no dataset "
-                                       f"{group}/{i} in the file")
-            wanted.append((var, node, lname))
+            problem = f"no weights for layer {lname!r} (expected group {group!r})"
+        elif len(g.keys()) != len(variables):
+            problem = f"layer {lname!r} has {len(variables)} weights, the file {len(g.keys())} (in {group!r})"
+        else:
+            problem = ""
+            nodes = []
+            for i, var in enumerate(variables):
+                node = g.get(str(i))
+                if node is None:
+                    problem = f"layer {lname!r} weight {var.name!r}: no dataset {group}/{i} in the file"
+                    break
+                if skip_mismatch and node.shape is not None and tuple(node.shape) != tuple(var.shape):
+                    problem = (f"layer {lname!r} weight {var.name!r} has shape {tuple(node.shape)} in the file, "
+                               f"the model expects {tuple(var.shape)}")
+                    break
+                nodes.append((var, node, lname))
+        if problem and skip_mismatch:
+            _skipped(problem)
+            continue
+        if problem:
+            raise KerasConfigError(f"{snap.name}: {problem}")
+        wanted += nodes
     return _checked(wanted, snap)
 
 
@@ -135,33 +150,76 @@ def legacy_layer_weights(layer: Layer) -> List[Any]:
     return train + [w for w in weights if all(w is not t for t in train)]
 
 
-def read_legacy_weights(model: Any, snap: H5Snapshot) -> List[Tuple[Any, np.ndarray]]:
-    """(variable, array) for every weight of ``model`` in a legacy ``.h5`` file, all checked."""
+def _names_attr(g: H5Node, attr: str, snap: H5Snapshot, what: str) -> List[str]:
+    """A list-of-names attribute, whole or in the chunks (``attr0``, ``attr1``, ...) Keras writes when it is large."""
+    if attr in g.attrs:
+        raw = g.attrs[attr]
+    else:
+        raw, k = [], 0
+        while f"{attr}{k}" in g.attrs:
+            chunk = g.attrs[f"{attr}{k}"]
+            raw += chunk if isinstance(chunk, list) else [chunk]
+            k += 1
+    if isinstance(raw, (str, bytes)):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(n, (str, bytes)) for n in raw):
+        raise KerasConfigError(f"{snap.name}: {what}: attribute {attr} of {g.path!r} is not a list of names")
+    return [n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in raw]
+
+
+def _skipped(message: str) -> None:
+    import warnings
+
+    warnings.warn(f"Skipping loading of weights: {message}", stacklevel=4)
+
+
+def read_legacy_weights(model: Any, snap: H5Snapshot, *, by_name: bool = False,
+                        skip_mismatch: bool = False) -> List[Tuple[Any, np.ndarray]]:
+    """(variable, array) for the weights of ``model`` in a legacy ``.h5`` file, all checked.
+
+    As Keras does: the file's layers with weights (in its ``layer_names`` order) go to the model's
+    layers with weights in order, whatever their names, and their counts must agree; with
+    ``by_name`` each saved layer goes to the model's layers of that name and the rest are left.
+    ``skip_mismatch`` leaves (with a warning) a weight whose shape differs, and with ``by_name`` a
+    layer whose weight count differs; everything else read is still assigned."""
     root = snap.root.get("model_weights") if "model_weights" in snap.root else snap.root
     if root is None or root.kind != "group":
         raise KerasConfigError(f"{snap.name}: 'model_weights' is not a group")
-    wanted = []
-    for layer in model.layers:
-        variables = legacy_layer_weights(layer)
-        if not variables:
-            continue
-        g = root.children.get(layer.name)
+    saved = []
+    for name in _names_attr(root, "layer_names", snap, "the saved layers"):
+        g = root.children.get(name)
         if g is None or g.kind != "group":
-            raise KerasConfigError(f"{snap.name}: no weights for layer {layer.name!r}")
-        raw_names = g.attrs.get("weight_names", [])
-        if isinstance(raw_names, (str, bytes)):
-            raw_names = [raw_names]
-        if not isinstance(raw_names, list) or not all(isinstance(n, (str, bytes)) for n in raw_names):
-            raise KerasConfigError(f"{snap.name}: layer {layer.name!r}: attribute weight_names of {g.path!r} is "
-                                   f"not a list of names")
-        names = [n.decode("utf-8", "replace") if isinstance(n, bytes) else n for n in raw_names]
-        if len(names) != len(variables):
-            raise KerasConfigError(f"{snap.name}: layer {layer.name!r} has {len(variables)} weights, the file "
-                                   f"{len(names)}")
-        for var, n in zip(variables, names):
+            raise KerasConfigError(f"{snap.name}: layer_names lists {name!r}, which {root.path!r} holds no group for")
+        weight_names = _names_attr(g, "weight_names", snap, f"layer {name!r}")
+        if weight_names:
+            saved.append((name, g, weight_names))
+    with_weights = [layer for layer in model.layers if legacy_layer_weights(layer)]
+    if by_name:
+        pairs = [(layer, entry) for entry in saved for layer in with_weights if layer.name == entry[0]]
+    else:
+        if len(saved) != len(with_weights):
+            raise KerasConfigError(f"{snap.name}: layer count mismatch: the model has {len(with_weights)} layers "
+                                   f"with weights, the file {len(saved)} ({', '.join(n for n, _, _ in saved)})")
+        pairs = list(zip(with_weights, saved))
+    wanted = []
+    for layer, (name, g, weight_names) in pairs:
+        variables = legacy_layer_weights(layer)
+        where = f"layer {layer.name!r}" + ("" if name == layer.name else f" (saved as {name!r})")
+        if len(weight_names) != len(variables):
+            if by_name and skip_mismatch:
+                _skipped(f"{where} has {len(variables)} weights, the file {len(weight_names)}")
+                continue
+            raise KerasConfigError(f"{snap.name}: {where} has {len(variables)} weights, the file "
+                                   f"{len(weight_names)}")
+        for var, n in zip(variables, weight_names):
             node = g.get(n)
             if node is None:
-                raise KerasConfigError(f"{snap.name}: layer {layer.name!r} weight {var.name!r}: the file names "
+                raise KerasConfigError(f"{snap.name}: {where} weight {var.name!r}: the file names "
                                        f"dataset {n!r}, which {g.path!r} does not hold")
+            if skip_mismatch and node.kind == "dataset" and node.shape is not None \
+                    and tuple(node.shape) != tuple(var.shape):
+                _skipped(f"{where} weight {var.name!r} has shape {tuple(node.shape)} in the file, the model "
+                         f"expects {tuple(var.shape)}")
+                continue
             wanted.append((var, node, layer.name))
     return _checked(wanted, snap)

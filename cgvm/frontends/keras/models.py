@@ -96,10 +96,14 @@ class Model(TrainingMixin, Layer):
 
         save_weights(self, filepath)
 
-    def load_weights(self, filepath: str, skip_mismatch: bool = False, by_name: bool = False) -> None:
+    def load_weights(self, filepath: str, skip_mismatch: bool = False, **kwargs: Any) -> None:
+        """Keras 3's ``load_weights``: ``skip_mismatch``, and ``by_name`` for legacy ``.h5`` files."""
         from .saving import load_weights
 
-        load_weights(self, filepath, skip_mismatch=skip_mismatch)
+        by_name = kwargs.pop("by_name", None)
+        if kwargs:
+            raise ValueError(f"Invalid keyword arguments: {kwargs}")
+        load_weights(self, filepath, skip_mismatch=skip_mismatch, by_name=by_name)
 
     def to_json(self, **kwargs: Any) -> str:
         import json

@@ -261,18 +261,26 @@ def save_weights(model: Any, filepath: Any) -> None:
         write_weights_h5(model, h5)
 
 
-def load_weights(model: Any, filepath: Any, skip_mismatch: bool = False) -> None:
-    """Weights from a ``.weights.h5``, ``.keras`` or legacy ``.h5`` file; all or nothing."""
+def load_weights(model: Any, filepath: Any, skip_mismatch: bool = False, by_name: Optional[bool] = None) -> None:
+    """Weights from a ``.weights.h5``, ``.keras`` or legacy ``.h5`` file; all or nothing.
+
+    ``skip_mismatch`` leaves, with a warning, what does not fit the model (in a Keras 3 file a
+    layer's whole group, in a legacy file a weight of another shape); ``by_name`` (legacy ``.h5``
+    only, as in Keras) matches layers by name instead of by order."""
     path = _model_file(filepath, "load_weights")
-    if path.endswith(".keras") or zipfile.is_zipfile(path):
+    legacy = not (path.endswith(".keras") or zipfile.is_zipfile(path))
+    if by_name is not None and not (legacy and path.endswith((".h5", ".hdf5")) and not path.endswith(".weights.h5")):
+        raise ValueError(f"`by_name` only supports loading legacy '.h5' or '.hdf5' files. Received: {path}")
+    if not legacy:
         _, weights = _read_archive(path)
         if weights is None:
             raise KerasConfigError(f"{path} has no model.weights.h5")
         with open_h5(weights, f"{path}: model.weights.h5") as snap:
-            pairs = read_weights_h5(model, snap)
+            pairs = read_weights_h5(model, snap, skip_mismatch=skip_mismatch)
     else:
         with open_h5(path, path) as snap:
-            pairs = read_weights_h5(model, snap) if "layers" in snap.root else read_legacy_weights(model, snap)
+            pairs = (read_weights_h5(model, snap, skip_mismatch=skip_mismatch) if "layers" in snap.root else
+                     read_legacy_weights(model, snap, by_name=bool(by_name), skip_mismatch=skip_mismatch))
     assign_all(pairs)
 
 
