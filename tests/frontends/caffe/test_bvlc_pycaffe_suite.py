@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.shared_paths import REPO_ROOT
+from tests.shared_paths import PEERS, REPO_ROOT
 
-MIRRORS = [Path(os.environ.get("CGVM_BVLC_CAFFE_MIRROR", "/work/.mirror/BVLC+caffe/repo"))]
+MIRRORS = [Path(os.environ.get("CGVM_BVLC_CAFFE_MIRROR", "/work/.mirror/BVLC+caffe/repo")), PEERS / "BVLC+caffe"]
 
 
 def _mirror() -> Path | None:

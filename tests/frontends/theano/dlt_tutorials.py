@@ -56,7 +56,10 @@ DETERMINISTIC = ("logistic_sgd", "logistic_cg", "mlp", "convolutional_mlp", "rnn
 
 def find_mirror() -> Optional[Path]:
     """A git directory of lisa-lab/DeepLearningTutorials, or None."""
-    for cand in (os.environ.get("CGVM_DLT_MIRROR"), "/work/.mirror/lisa-lab+DeepLearningTutorials/repo/.git"):
+    from tests.shared_paths import PEERS
+
+    for cand in (os.environ.get("CGVM_DLT_MIRROR"), "/work/.mirror/lisa-lab+DeepLearningTutorials/repo/.git",
+                 PEERS / "lisa-lab+DeepLearningTutorials"):
         if cand and Path(cand).is_dir():
             return Path(cand)
     return None
