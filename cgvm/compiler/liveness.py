@@ -28,7 +28,7 @@ def last_reads(calls: Sequence[Instr]) -> Dict[int, int]:
 
 
 class UpdatePlan(NamedTuple):
-    """Per signature, what the caller's recycle bin does (cgvm.compiled.Function's parameter updates).
+    """Per signature, what the caller's recycle bin does (cgvm.compiled_function.Function's parameter updates).
 
     ``recycled``: output slot -> recycle-bin index, for recyclable outputs whose kernel writes a
     buffer whole (the previous call's array is handed back as that buffer). ``in_place``: parameter
