@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .compiler import generate, prepare_signature, run_passes
-from .compiler.recompute import optimize_and_recompute
+from .compiler.recompute import Recomputation
 from .errors import InputError
 from .ops.kernels.scratch import private_array, writeable
 from .pycode import define
@@ -103,12 +103,10 @@ class Function:
         self.n_outputs = len(outs)
         graph = Graph(list(inputs), outs + upd_values, name=name)
         self.source_graph = graph
-        def optimize(g: Graph) -> Graph:
-            return run_passes(g, passes=passes, debug=debug, print_after=print_after)
-
-        # recomputation (sublinear training memory) runs after the passes: CSE would merge its duplicates back
-        self.recompute_plan = None if recompute is None else optimize_and_recompute(graph, recompute, optimize)
-        self.graph = optimize(graph) if recompute is None else self.recompute_plan.graph
+        # recomputation (sublinear training memory) is the pipeline's last pass, run when asked for
+        request = None if recompute is None else Recomputation(recompute)
+        self.graph = run_passes(graph, passes=passes, debug=debug, print_after=print_after, recompute=request)
+        self.recompute_plan = None if request is None else request.plan
         self.program = generate(self.graph)
         self.runtime = SubgraphRuntime(self.workspace, plan=plan, inplace=inplace, debug=debug, engine=engine)
         # outputs with a workspace entry the program does not read: their kernels may write into that entry's array

@@ -33,7 +33,7 @@ from .codegen import generate
 from .liveness import liveness as liveness_of
 from .memory import MemoryPlan
 from .passes import prepare_signature, run_passes
-from .recompute import optimize_and_recompute
+from .recompute import Recomputation
 
 Shapes = Union[None, Mapping[str, Sequence[int]], Sequence[Sequence[int]]]
 
@@ -50,8 +50,9 @@ def memory_report(target: Any, shapes: Shapes = None, *, recompute: Any = None, 
     """
     if isinstance(target, Graph):
         graph = training_graph(target) if train else target
-        rplan = optimize_and_recompute(graph, recompute, run_passes) if recompute is not None else None
-        final = rplan.graph if rplan is not None else run_passes(graph)
+        request = None if recompute is None else Recomputation(recompute)
+        final = run_passes(graph, recompute=request)
+        rplan = None if request is None else request.plan
         program = generate(final)
         params = {p.name: p.type for p in final.params}
     elif hasattr(target, "program") and hasattr(target, "graph"):
