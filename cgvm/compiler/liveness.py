@@ -3,7 +3,8 @@
 What shares memory (a view's result is its input's memory; every output of a view op may alias
 input 0), what leaves the program or comes from outside it (outputs, inputs, parameters,
 constants, and everything aliasing them), how often and until when each slot is read
-(``last_reads``, which codegen also uses to place FREEs), and which
+(``last_reads``, which codegen also uses to place FREEs), which instructions the outputs need at
+all (``live_calls``: dead-code elimination, after specialization has aliased adapters away), and which
 parameters an instruction's result may still alias (views, and ops that hand back arrays of
 their own choosing: scan carries, cond branches). The memory planner (cgvm.compiler.memory),
 the memory report (cgvm.compiler.memory_report) and the per-signature plan of parameter updates
@@ -12,7 +13,7 @@ what they decided.
 """
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional, Sequence, Set
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set
 
 from ..ir.types import TensorType
 from ..vm.bytecode import CALL, Instr, Program
@@ -25,6 +26,19 @@ def last_reads(calls: Sequence[Instr]) -> Dict[int, int]:
         for a in ins.args:
             last[a] = i
     return last
+
+
+def live_calls(calls: Sequence[Instr], outputs: Iterable[int]) -> List[Instr]:
+    """The CALLs whose results ``outputs`` need, in their order: dead-code elimination on a program
+    (a Graph is built from its outputs, so a graph holds only what they need already)."""
+    live = set(outputs)
+    kept: List[Instr] = []
+    for ins in reversed(calls):
+        if any(r in live for r in ins.results):
+            kept.append(ins)
+            live.update(ins.args)
+    kept.reverse()
+    return kept
 
 
 class UpdatePlan(NamedTuple):
@@ -156,4 +170,4 @@ def liveness(program: Program) -> Liveness:
     return cached
 
 
-__all__ = ["Liveness", "UpdatePlan", "liveness"]
+__all__ = ["Liveness", "UpdatePlan", "last_reads", "live_calls", "liveness"]
