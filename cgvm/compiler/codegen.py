@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Sequence, Set, Tuple
 
 from ..ir.graph import CONST, PARAM, Graph, Value
-from ..vm.bytecode import CALL, FREE, RET, Instr, Program
+from ..vm.bytecode import CALL, FREE, RET, Instr, Program, leaf_slots
 from .liveness import last_reads
 
 
@@ -31,7 +31,7 @@ def assemble(calls: Sequence[Instr], output_slots: Sequence[int], like: Program)
 def _program(calls: Sequence[Instr], output_slots: Tuple[int, ...], nodes: Sequence[Any], names: Sequence[str],
              types: Sequence[Any], input_slots: Sequence[int], param_slots: Sequence[Tuple[str, int]],
              const_slots: Sequence[Tuple[int, Any]], name: str) -> Program:
-    keep = set(output_slots) | set(input_slots) | {s for _, s in param_slots} | {s for s, _ in const_slots}
+    keep = set(output_slots) | leaf_slots(input_slots, param_slots, const_slots)
     instrs = with_frees(calls, keep)
     instrs.append(Instr(RET, -1, output_slots, ()))
     return Program(instrs, nodes, names, types, input_slots, param_slots, const_slots, output_slots, name=name)

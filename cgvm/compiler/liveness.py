@@ -70,9 +70,7 @@ class Liveness:
             if program.nodes[ins.node].op.view:
                 for r in ins.results:
                     self._parent[self.root(r)] = self.root(ins.args[0])
-        outside = list(program.output_slots) + list(program.input_slots)
-        outside += [s for _, s in program.param_slots] + [s for s, _ in program.const_slots]
-        self.external_roots = {self.root(s) for s in outside}
+        self.external_roots = {self.root(s) for s in set(program.output_slots) | program.leaf_slots}
 
     def root(self, s: int) -> int:
         """The slot owning ``s``'s memory (``s`` itself unless it is a view)."""

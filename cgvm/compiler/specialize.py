@@ -28,7 +28,7 @@ def specialize(program: Program, types: Sequence[TensorType], copied_outputs: Se
     copied_at = set(copied_outputs)
     copied = ({s for k, s in enumerate(program.output_slots) if k in copied_at}
               - {s for k, s in enumerate(program.output_slots) if k not in copied_at})
-    leaves = set(program.input_slots) | {s for _, s in program.param_slots} | {s for s, _ in program.const_slots}
+    leaves = program.leaf_slots
     alias: Dict[int, int] = {}
     returned: set = set()   # sources that an aliased output now returns
     freed_like = False      # some kept adapter no longer reads its "like" operand
