@@ -251,4 +251,3 @@ class Function:
 
     def __repr__(self) -> str:
         return f"<Function {self.program.name}: {len(self.graph.nodes)} nodes>"
-

@@ -101,7 +101,7 @@ class Recomputation:
             self.plan = plan_recompute(graph, self.strategy)
             return self.plan.graph
         found = list(graph.outputs[n:])
-        needed = {id(node) for node in toposort(graph.outputs[:n])}   # what the own outputs need, in pass order
+        needed = {id(node) for node in toposort(graph.outputs[:n])}   # kept in the passes' order
         trimmed = Graph(graph.inputs, graph.outputs[:n], nodes=[m for m in graph.nodes if id(m) in needed],
                         name=graph.name)
         self.plan = plan_recompute(trimmed, found)
