@@ -10,7 +10,8 @@ Values (and returns Values for them); ``cgvm.compile`` is the core compiler entr
 from . import autodiff, ops
 from .backend import available_backends, get_backend
 from .backend.threads import set_num_threads
-from .compiled import Function, compile
+from .compiled import compile
+from .compiled_function import Function
 from .dlpack import Tensor, from_dlpack
 from .errors import CgvmError
 from .ir import DType, Graph, TensorType, Value, input_value, param_value

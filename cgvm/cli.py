@@ -51,23 +51,35 @@ def _pass_list(text: str) -> List[str]:
 
 
 def _compile_args(p: argparse.ArgumentParser) -> None:
-    from .compiler import pass_names
+    from .compiler import PIPELINE
 
+    always = [q.name for q in PIPELINE if not q.option]
+    asked = [f"{q.name} (compile --{q.option})" for q in PIPELINE if q.option]
     p.add_argument("model", help="a serialized graph (.cgvm), a Caffe .prototxt or an .onnx model")
     p.add_argument("--print-after", default=[], type=_pass_list, metavar="PASS[,PASS...]",
                    help="print the IR after these passes (whole after the first, then only what each "
-                        f"changed): {', '.join(pass_names())}, or all")
+                        f"changed): {', '.join(always)}, or all; and, when asked for, {', '.join(asked)}")
     p.add_argument("--phase", default="TEST", choices=["TRAIN", "TEST"])
     p.add_argument("--debug", action="store_true", help="verify the IR after every pass")
 
 
-@command("compile", "run the compiler passes and print the IR after the chosen ones", _compile_args)
+def _compile_command_args(p: argparse.ArgumentParser) -> None:
+    _compile_args(p)
+    p.add_argument("--recompute", default="none", choices=["none", "sqrt"],
+                   help="run the recompute pass: a training graph's backward pass recomputes activations "
+                        "(sublinear memory)")
+
+
+@command("compile", "run the compiler passes and print the IR after the chosen ones", _compile_command_args)
 def _compile(args: argparse.Namespace) -> int:
     from .compiler import generate, run_passes
 
-    graph = load_graph_file(args.model, args)
     shown = args.print_after
-    out = run_passes(graph, debug=args.debug, print_after=shown)
+    recompute = None if args.recompute == "none" else args.recompute
+    if "recompute" in shown and recompute is None:
+        raise UsageError("--print-after recompute: the recompute pass runs only with --recompute sqrt")
+    graph = load_graph_file(args.model, args)
+    out = run_passes(graph, debug=args.debug, print_after=shown, recompute=recompute)
     if not shown:
         print(out)
     prog = generate(out)

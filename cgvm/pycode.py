@@ -1,7 +1,7 @@
 """Generated Python: the one helper through which cgvm writes and runs Python source.
 
 The VM lowers each frame to a generated function (cgvm.vm.threaded), a compiled function gets a
-call path made for its arity (cgvm.compiled), scan a loop for its arity (cgvm.ops.control), a
+call path made for its arity (cgvm.compiled_function), scan a loop for its arity (cgvm.ops.control), a
 fused elementwise chain its own kernel (cgvm.ops.fused). Each builds source lines and calls
 ``define``; the function keeps its source as ``__cgvm_source__`` for reading and debugging, and
 tracebacks name it by ``origin``. Imports nothing of cgvm, so every layer may use it.

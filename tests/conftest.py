@@ -32,7 +32,7 @@ def _roundtrip_compiled_graphs(request, monkeypatch):
     if os.environ.get("CGVM_TEST_ROUNDTRIP") == "0" or request.node.get_closest_marker("no_roundtrip"):
         yield
         return
-    from cgvm.compiled import Function
+    from cgvm.compiled_function import Function
 
     build = Function.__init__
 

@@ -5,10 +5,11 @@
                     and cgvm.pycode (generated Python), which imports nothing of cgvm
     cgvm.autodiff   builds graphs with cgvm.ir and cgvm.ops only
     cgvm.backend    imports nothing of ir, ops, autodiff, compiler, vm, function, frontends
-    cgvm.vm         never imports cgvm.compiler, cgvm.compiled or the frontends
+    cgvm.vm         never imports cgvm.compiler, cgvm.compiled(_function) or the frontends
     cgvm.compiler   builds on the IR, ops, autodiff and the VM's bytecode; never the compiled
                     function, the backends, DLPack, the frontends or the command line
-    cgvm.compiled   ties compiler, VM and backends together; never the frontends or the command line
+    cgvm.compiled   ties compiler, VM and backends together (``compile``; its Function lives in
+                    cgvm.compiled_function, under the same rule); never the frontends or the command line
     cgvm.dlpack     sits on the backends (and cgvm.errors) only
     cgvm.cli        drives the public API: never the VM's internals (the interpreter, the bytecode)
     cgvm.distributed imports only cgvm.ir, cgvm.ops, cgvm.autodiff and cgvm.errors
@@ -19,7 +20,7 @@
     nothing but cgvm.cli itself imports cgvm.cli
     cgvm.board      (TensorBoard) reads graphs and compiled functions: imports only cgvm.ir, cgvm.ops,
                     cgvm.backend, cgvm.errors (and cgvm.commands, to register `cgvm board`); the
-                    frontends and cgvm.compiled call it, never the IR, ops, VM or compiler
+                    frontends and cgvm.compiled_function call it, never the IR, ops, VM or compiler
 
 Every import counts, also those inside functions and under ``if TYPE_CHECKING``: a lazy import
 still ties the layers together. Each package may import itself.
@@ -162,15 +163,16 @@ RULES = [
     Rule("cgvm.autodiff", allowed=("cgvm.ir", "cgvm.ops", "cgvm.errors"),
          why="autodiff builds graphs with the IR and ops only"),
     Rule("cgvm.backend", forbidden=("cgvm.ir", "cgvm.ops", "cgvm.autodiff", "cgvm.compiler", "cgvm.vm",
-                                    "cgvm.compiled", "cgvm.frontends"),
+                                    "cgvm.compiled", "cgvm.compiled_function", "cgvm.frontends"),
          why="backends run kernels and know nothing of graphs"),
-    Rule("cgvm.vm", forbidden=("cgvm.compiler", "cgvm.compiled", "cgvm.frontends"),
+    Rule("cgvm.vm", forbidden=("cgvm.compiler", "cgvm.compiled", "cgvm.compiled_function", "cgvm.frontends"),
          why="the VM runs programs; it does not compile them"),
     Rule("cgvm.compiler", allowed=("cgvm.ir", "cgvm.ops", "cgvm.autodiff", "cgvm.vm.bytecode", "cgvm.errors",
                                    "cgvm.pycode"),
          why="the compiler turns graphs into bytecode; it runs nothing and knows no frontend"),
-    Rule("cgvm.compiled", forbidden=("cgvm.frontends", "cgvm.caffe", "cgvm.keras", "cgvm.theano", "cgvm.cli"),
-         why="a compiled function knows no frontend and no command line"),
+] + [Rule(layer, forbidden=("cgvm.frontends", "cgvm.caffe", "cgvm.keras", "cgvm.theano", "cgvm.onnx", "cgvm.cli"),
+          why="a compiled function knows no frontend and no command line")
+      for layer in ("cgvm.compiled", "cgvm.compiled_function")] + [
     Rule("cgvm.dlpack", allowed=("cgvm.backend", "cgvm.errors"), why="DLPack interop sits on the backends only"),
     Rule("cgvm.cli", forbidden=("cgvm.vm.interpreter", "cgvm.vm.bytecode"),
          why="the command line drives the public API"),
@@ -203,7 +205,8 @@ def test_the_parser_sees_the_imports_we_know_of():
     assert "cgvm.errors" in by_module["cgvm.ir.graph"]
     assert "cgvm.ir.opschema" in by_module["cgvm.ops.registry"]
     assert "cgvm.ops.shape" in by_module["cgvm.autodiff"]  # `from .ops import shape as shp`
-    assert "cgvm.vm.interpreter" in by_module["cgvm.compiled"]
+    assert "cgvm.vm.interpreter" in by_module["cgvm.compiled_function"]
+    assert "cgvm.compiled_function" in by_module["cgvm.compiled"]
 
 
 def test_resolution_of_relative_and_package_imports():

@@ -8,7 +8,7 @@
 
 Layering: this package reads IR graphs and compiled functions (duck-typed: ``graph``,
 ``source_graph``, ``executable``) and imports only cgvm.ir, cgvm.ops, cgvm.backend and
-cgvm.errors; the frontends and cgvm.compiled call it, never the reverse. The tensorboard
+cgvm.errors; the frontends and cgvm.compiled_function call it, never the reverse. The tensorboard
 package is imported on first use (the ``board`` extra: ``pip install 'cgvm[board]'``).
 """
 from __future__ import annotations

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set
 
 import numpy as np
 
-from ..ir.graph import CONST, PARAM, Graph, Node, Value
+from ..ir.graph import CONST, PARAM, Graph, Node, Value, toposort
 from ..ir.types import DType
 from ..ops.fused import ACC, LIT
 from ..ops.rules import broadcast_shapes
@@ -91,14 +91,7 @@ def _training_scopes(graph: Graph, scope: Dict[int, str], n_outputs: int, update
                      param_names: Mapping[str, str]) -> None:
     """Unscoped nodes that only the outputs after the first ``n_outputs`` need (updates, or
     gradients returned as outputs): gradients/<layer>, and updates/<layer> for new parameter values."""
-    needed: Set[int] = set()
-    stack = [v.node for v in graph.outputs[:n_outputs] if v.node is not None]
-    while stack:
-        n = stack.pop()
-        if id(n) in needed:
-            continue
-        needed.add(id(n))
-        stack.extend(v.node for v in n.inputs if v.node is not None)
+    needed = {id(n) for n in toposort(graph.outputs[:n_outputs])}
     first_at: Dict[str, int] = {}
     for i, n in enumerate(graph.nodes):
         if id(n) in scope:

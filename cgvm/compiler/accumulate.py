@@ -81,7 +81,7 @@ class _Accumulation(NamedTuple):
 
 def _accumulation(node: Node, readers: _Readers) -> Optional[_Accumulation]:
     """``node`` as ``beta * c + alpha [* scale] * (a @ b)``."""
-    if node.op.name not in ("add", "sub") or len(node.outputs) != 1:
+    if node.op.name not in ("add", "sub") or len(node.outputs) != 1:   # the pattern's root
         return None
     z = node.outputs[0]
     if z.ndim != 2 or z.dtype.name not in _FLOATS:
@@ -89,7 +89,7 @@ def _accumulation(node: Node, readers: _Readers) -> Optional[_Accumulation]:
     for k in (1, 0):   # the product is usually the second operand (w - lr * g)
         p = _term(node.inputs[k], readers, symbolic=True)
         mm = p.base.node
-        if mm is None or mm.op.name != "matmul" or not readers.private(p.base):
+        if mm is None or mm.op.name != "matmul" or not readers.private(p.base):   # the pattern's product
             continue
         c = _term(node.inputs[1 - k], readers, symbolic=False)
         product = mm.outputs[0]

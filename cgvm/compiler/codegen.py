@@ -1,10 +1,10 @@
 """Codegen: a graph in topological order becomes a Program over integer slots, with FREEs after last uses."""
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Set
+from typing import Any, Dict, List, Sequence, Set, Tuple
 
 from ..ir.graph import CONST, PARAM, Graph, Value
-from ..vm.bytecode import CALL, FREE, RET, Instr, Program
+from ..vm.bytecode import CALL, FREE, RET, Instr, Program, leaf_slots
 from .liveness import last_reads
 
 
@@ -19,6 +19,22 @@ def with_frees(calls: Sequence[Instr], keep: Set[int]) -> List[Instr]:
         if dead:
             out.append(Instr(FREE, -1, tuple(dead), ()))
     return out
+
+
+def assemble(calls: Sequence[Instr], output_slots: Sequence[int], like: Program) -> Program:
+    """``like`` with these CALLs and outputs: a FREE after each value's last use (never of what
+    comes from or leaves the program), then RET."""
+    return _program(calls, tuple(output_slots), like.nodes, like.slot_names, like.slot_types, like.input_slots,
+                    like.param_slots, like.const_slots, like.name)
+
+
+def _program(calls: Sequence[Instr], output_slots: Tuple[int, ...], nodes: Sequence[Any], names: Sequence[str],
+             types: Sequence[Any], input_slots: Sequence[int], param_slots: Sequence[Tuple[str, int]],
+             const_slots: Sequence[Tuple[int, Any]], name: str) -> Program:
+    keep = set(output_slots) | leaf_slots(input_slots, param_slots, const_slots)
+    instrs = with_frees(calls, keep)
+    instrs.append(Instr(RET, -1, output_slots, ()))
+    return Program(instrs, nodes, names, types, input_slots, param_slots, const_slots, output_slots, name=name)
 
 
 def generate(graph: Graph) -> Program:
@@ -49,8 +65,5 @@ def generate(graph: Graph) -> Program:
                    tuple(slot(o, node.name or node.op.name) for o in node.outputs))
              for i, node in enumerate(graph.nodes)]
     output_slots = tuple(slot_of[id(v)] for v in graph.outputs)
-    keep = set(output_slots) | set(input_slots) | {s for _, s in param_slots} | {s for s, _ in const_slots}
-    instrs = with_frees(calls, keep)
-    instrs.append(Instr(RET, -1, output_slots, ()))
-    return Program(instrs, graph.nodes, names, types, input_slots, param_slots, const_slots, output_slots,
-                   name=graph.name)
+    return _program(calls, output_slots, graph.nodes, names, types, input_slots, param_slots, const_slots,
+                    graph.name)

@@ -19,7 +19,7 @@ from .rewrite import rewrite
 
 def _perm_of(v: Value) -> Optional[Tuple[int, ...]]:
     node = v.node
-    if node is None or node.op.name != "transpose":
+    if node is None or node.op.name != "transpose":   # the op this pass moves
         return None
     perm = node.attrs["perm"]
     return tuple(reversed(range(v.ndim))) if perm is None else tuple(perm)

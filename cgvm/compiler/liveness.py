@@ -3,7 +3,8 @@
 What shares memory (a view's result is its input's memory; every output of a view op may alias
 input 0), what leaves the program or comes from outside it (outputs, inputs, parameters,
 constants, and everything aliasing them), how often and until when each slot is read
-(``last_reads``, which codegen also uses to place FREEs), and which
+(``last_reads``, which codegen also uses to place FREEs), which instructions the outputs need at
+all (``live_calls``: dead-code elimination, after specialization has aliased adapters away), and which
 parameters an instruction's result may still alias (views, and ops that hand back arrays of
 their own choosing: scan carries, cond branches). The memory planner (cgvm.compiler.memory),
 the memory report (cgvm.compiler.memory_report) and the per-signature plan of parameter updates
@@ -12,7 +13,7 @@ what they decided.
 """
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Optional, Sequence, Set
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Set
 
 from ..ir.types import TensorType
 from ..vm.bytecode import CALL, Instr, Program
@@ -27,8 +28,21 @@ def last_reads(calls: Sequence[Instr]) -> Dict[int, int]:
     return last
 
 
+def live_calls(calls: Sequence[Instr], outputs: Iterable[int]) -> List[Instr]:
+    """The CALLs whose results ``outputs`` need, in their order: dead-code elimination on a program
+    (a Graph is built from its outputs, so a graph holds only what they need already)."""
+    live = set(outputs)
+    kept: List[Instr] = []
+    for ins in reversed(calls):
+        if any(r in live for r in ins.results):
+            kept.append(ins)
+            live.update(ins.args)
+    kept.reverse()
+    return kept
+
+
 class UpdatePlan(NamedTuple):
-    """Per signature, what the caller's recycle bin does (cgvm.compiled.Function's parameter updates).
+    """Per signature, what the caller's recycle bin does (cgvm.compiled_function.Function's parameter updates).
 
     ``recycled``: output slot -> recycle-bin index, for recyclable outputs whose kernel writes a
     buffer whole (the previous call's array is handed back as that buffer). ``in_place``: parameter
@@ -56,9 +70,7 @@ class Liveness:
             if program.nodes[ins.node].op.view:
                 for r in ins.results:
                     self._parent[self.root(r)] = self.root(ins.args[0])
-        outside = list(program.output_slots) + list(program.input_slots)
-        outside += [s for _, s in program.param_slots] + [s for s, _ in program.const_slots]
-        self.external_roots = {self.root(s) for s in outside}
+        self.external_roots = {self.root(s) for s in set(program.output_slots) | program.leaf_slots}
 
     def root(self, s: int) -> int:
         """The slot owning ``s``'s memory (``s`` itself unless it is a view)."""
@@ -156,4 +168,4 @@ def liveness(program: Program) -> Liveness:
     return cached
 
 
-__all__ = ["Liveness", "UpdatePlan", "liveness"]
+__all__ = ["Liveness", "UpdatePlan", "last_reads", "live_calls", "liveness"]

@@ -94,7 +94,7 @@ def _accumulated_term(body: Graph, k: int, S: int, uses: Dict[int, List[Node]]) 
     """The per-step term of carry k when the carry is only ``c + term``, else None."""
     c_in, c_out = body.inputs[S + k], body.outputs[k]
     add = c_out.node
-    if add is None or add.op.name != "add" or len(uses.get(id(c_in), ())) != 1:
+    if add is None or add.op.name != "add" or len(uses.get(id(c_in), ())) != 1:   # the pattern: c + term
         return None
     if any(o is c_in for o in body.outputs) or uses.get(id(c_out)) or \
             sum(1 for o in body.outputs if o is c_out) != 1:
@@ -234,7 +234,7 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
 def push_out_loop_work(graph: Graph) -> Graph:
     """Sequence products before each scan, summing carries as one product after it (see module doc)."""
     def rule(node: Node, inputs: List[Value]):
-        if node.op.name != "scan":
+        if node.op.name != "scan":   # the loop this pass is about
             return None
         repl = _push_sequence_work(node, inputs)
         if repl is not None:

@@ -67,7 +67,7 @@ def _hoist_scan(node, inputs):
 
 def hoist_loop_invariants(graph: Graph) -> Graph:
     def rule(node, inputs):
-        if node.op.name != "scan":
+        if node.op.name != "scan":   # the loop this pass is about
             return None
         return _hoist_scan(node, inputs)
 
@@ -78,7 +78,7 @@ def prune_loop_outputs(graph: Graph) -> Graph:
     used = {id(v) for n in graph.nodes for v in n.inputs} | {id(v) for v in graph.outputs}
 
     def rule(node, inputs):
-        if node.op.name != "scan":
+        if node.op.name != "scan":   # the loop this pass is about
             return None
         a = node.attrs
         body: Graph = a["body"]

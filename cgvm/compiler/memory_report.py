@@ -33,7 +33,7 @@ from .codegen import generate
 from .liveness import liveness as liveness_of
 from .memory import MemoryPlan
 from .passes import prepare_signature, run_passes
-from .recompute import optimize_and_recompute
+from .recompute import Recomputation
 
 Shapes = Union[None, Mapping[str, Sequence[int]], Sequence[Sequence[int]]]
 
@@ -50,8 +50,9 @@ def memory_report(target: Any, shapes: Shapes = None, *, recompute: Any = None, 
     """
     if isinstance(target, Graph):
         graph = training_graph(target) if train else target
-        rplan = optimize_and_recompute(graph, recompute, run_passes) if recompute is not None else None
-        final = rplan.graph if rplan is not None else run_passes(graph)
+        request = None if recompute is None else Recomputation(recompute)
+        final = run_passes(graph, recompute=request)
+        rplan = None if request is None else request.plan
         program = generate(final)
         params = {p.name: p.type for p in final.params}
     elif hasattr(target, "program") and hasattr(target, "graph"):
@@ -128,7 +129,7 @@ def simulate(program: Program, types: Sequence[TensorType], plan: Optional[Memor
     constants = sum(nbytes(s) for s, _ in program.const_slots)
     inputs = sum(nbytes(s) for s in program.input_slots)
     outputs = set(program.output_slots)
-    external = set(program.input_slots) | {s for _, s in program.param_slots} | {s for s, _ in program.const_slots}
+    external = program.leaf_slots
     pool = plan.planned_bytes if plan is not None else 0
 
     live = liveness_of(program)          # live.root(slot): the slot owning its memory (views share it)
@@ -191,7 +192,7 @@ def simulate(program: Program, types: Sequence[TensorType], plan: Optional[Memor
         "buffers": len(plan.storage_bytes) if plan is not None else 0,
         "inplace": len(plan.inplace) if plan is not None else 0,
         "dynamic_values": plan.dynamic_slots if plan is not None else 0,
-        "instructions": sum(1 for i in program.instrs if i.opcode == CALL),
+        "instructions": program.n_calls,
         "scratch": max([b for _, _, b in plan.scratch.values()] + list(scratch_left.values()), default=0)
         if plan is not None else 0,
         "scratch_placed": len(plan.scratch) if plan is not None else 0,

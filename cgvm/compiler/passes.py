@@ -1,12 +1,14 @@
 """The pipeline, declared: what compiling does, in order, as two lists of the same Pass records.
 
-* PIPELINE: the graph passes, each ``Graph -> Graph``, run once per compiled function.
+* PIPELINE: the graph passes, each ``Graph -> Graph``, run once per compiled function; the last,
+  recomputation, only when a compilation asks for it (``recompute=``).
 * SIGNATURE_STAGES: the stages run once per input signature (the shapes a call brings), each
-  ``Signature -> Signature``: slot types, specialization, memory planning.
+  ``Signature -> Signature``: slot types, specialization, memory planning, the update plan.
 
 Each pass declares the passes it ``needs``; one runner runs both lists, and a selection of
 passes also runs every pass the selected ones need (as TVM's pass manager does with
-``required``), so no pass ever sees a graph its needs have not prepared.
+``required``), so no pass ever sees a graph its needs have not prepared. A pass with an
+``option`` runs exactly when the compilation gives that option, and is handed its value.
 In debug mode the verifier runs after every graph pass, and ``print_after`` shows the IR after
 the named passes: in full after the first one shown, then only the lines each pass wrote.
 """
@@ -31,6 +33,7 @@ from .loops import hoist_loop_invariants, prune_loop_outputs
 from .liveness import UpdatePlan, liveness
 from .memory import MemoryPlan, infer_slot_types, plan_memory
 from .prune import prune
+from .recompute import Recomputation
 from .schedule import schedule_for_memory
 from .simplify import simplify
 from .specialize import specialize
@@ -39,9 +42,10 @@ from .specialize import specialize
 class Pass(NamedTuple):
     """One step of a pipeline: ``run(subject) -> subject`` (a Graph, or a Signature)."""
     name: str
-    run: Callable[[Any], Any]
+    run: Callable[..., Any]
     needs: tuple = ()     # passes that must run before this one (in the same list)
     doc: str = ""
+    option: str = ""      # if set: runs only when the compilation gives this option, as run(subject, value)
 
 
 PIPELINE: List[Pass] = [
@@ -65,6 +69,11 @@ PIPELINE: List[Pass] = [
     Pass("schedule", schedule_for_memory, ("prune",), "order the backward pass so that values die early"),
     # after schedule when both run (pipeline order), but it does not need it: it places collectives in any order
     Pass("collectives", schedule_collectives, (), "start gradient allreduces early, wait late"),
+    # after every other pass: CSE would merge its duplicates back, fusion would hide the values it drops.
+    # Its split into forward and backward reads the node order of a graph of what the outputs need.
+    Pass("recompute", lambda graph, request: request(graph), ("prune",),
+         "drop forward activations and recompute them in the backward pass (sublinear training memory)",
+         option="recompute"),
 ]
 
 
@@ -112,12 +121,14 @@ SIGNATURE_STAGES: List[Pass] = [
 
 
 def _check_declared(pipeline: Sequence[Pass]) -> None:
-    """Every need names a pass earlier in the same list (checked once, at import)."""
+    """Every need names a pass earlier in the same list that always runs (checked once, at import)."""
     seen: set = set()
+    optional = {p.name for p in pipeline if p.option}
     for p in pipeline:
-        late = [n for n in p.needs if n not in seen]
+        late = [n for n in p.needs if n not in seen or n in optional]
         if late:
-            raise AssertionError(f"pass {p.name!r} needs {late}, which is not an earlier pass of its list")
+            raise AssertionError(f"pass {p.name!r} needs {late}, which is not an earlier pass of its list "
+                                 "that runs without an option")
         seen.add(p.name)
 
 
@@ -133,15 +144,20 @@ def stage_names() -> List[str]:
     return [p.name for p in SIGNATURE_STAGES]
 
 
-def select(pipeline: Sequence[Pass], names: Optional[Iterable[str]]) -> List[Pass]:
+def select(pipeline: Sequence[Pass], names: Optional[Iterable[str]],
+           options: Optional[Dict[str, Any]] = None) -> List[Pass]:
     """The passes of ``pipeline`` named in ``names`` (all for None) and, as TVM's pass manager does
-    with ``required``, every pass they need, transitively; in pipeline order. ValueError for a name
-    the pipeline lacks."""
+    with ``required``, every pass they need, transitively; in pipeline order. A pass with an
+    ``option`` is in exactly when ``options`` gives that option (not None), named or not.
+    ValueError for a name the pipeline lacks."""
     known = {p.name: p for p in pipeline}
     wanted = set(known if names is None else names)
     unknown = wanted - set(known)
     if unknown:
         raise ValueError(f"unknown pass {sorted(unknown)[0]!r}; passes are {list(known)}")
+    given = options or {}
+    wanted = {n for n in wanted if not known[n].option}
+    wanted |= {p.name for p in pipeline if p.option and given.get(p.option) is not None}
     todo = list(wanted)
     while todo:
         for need in known[todo.pop()].needs:
@@ -152,10 +168,11 @@ def select(pipeline: Sequence[Pass], names: Optional[Iterable[str]]) -> List[Pas
 
 
 def run_pipeline(subject: Any, pipeline: Sequence[Pass], names: Optional[Iterable[str]] = None,
-                 after: Optional[Callable[[Pass, Any], None]] = None) -> Any:
-    """Run the selected passes of ``pipeline`` on ``subject`` in order; ``after(pass, result)`` follows each."""
-    for p in select(pipeline, names):
-        subject = p.run(subject)
+                 after: Optional[Callable[[Pass, Any], None]] = None, options: Optional[Dict[str, Any]] = None) -> Any:
+    """Run the selected passes of ``pipeline`` on ``subject`` in order; ``after(pass, result)`` follows each.
+    ``options``: option name -> value, for the passes that run only when given one."""
+    for p in select(pipeline, names, options):
+        subject = p.run(subject, options[p.option]) if p.option else p.run(subject)
         if after is not None:
             after(p, subject)
     return subject
@@ -198,9 +215,15 @@ class _Printer:
 
 
 def run_passes(graph: Graph, *, passes: Optional[Sequence[str]] = None, debug: bool = False,
-               print_after: Iterable[str] = (), out: Optional[TextIO] = None) -> Graph:
-    """Run the graph pipeline (or the named subset, in pipeline order)."""
+               print_after: Iterable[str] = (), out: Optional[TextIO] = None, recompute: Any = None) -> Graph:
+    """Run the graph pipeline (or the named subset, in pipeline order).
+
+    ``recompute``: a strategy ("sqrt", or forward values to drop) or a ``Recomputation`` (whose
+    ``plan`` then says what the pass decided) turns on the ``recompute`` pass."""
     printer = _Printer(print_after_names(print_after), sys.stdout if out is None else out)
+    request = recompute if recompute is None or isinstance(recompute, Recomputation) else Recomputation(recompute)
+    if request is not None:
+        graph = request.anchor(graph)
     if debug:
         verify(graph)
 
@@ -209,7 +232,7 @@ def run_passes(graph: Graph, *, passes: Optional[Sequence[str]] = None, debug: b
             verify(g)
         printer(p, g)
 
-    return run_pipeline(graph, PIPELINE, passes, after)
+    return run_pipeline(graph, PIPELINE, passes, after, {"recompute": request})
 
 
 def prepare_signature(program: Program, known: Dict[int, TensorType], *, plan: bool = True, inplace: bool = True,

@@ -20,18 +20,20 @@ The forward/backward split is found from the gradient seed that ``cgvm.grad`` pl
 (``ones_like`` of the scalar cost): nodes scheduled before the first seed are forward. Pass
 ``seeds`` to name the seed values when a graph was built another way.
 
-Run this after CSE: the duplicates have the same op, inputs and attributes as the originals and
-CSE would merge them back (``Function`` applies it after the whole pipeline). Stateful nodes
-(random draws, dropout masks) are never duplicated: their outputs stay alive instead.
+It is the last graph pass of the pipeline, ``recompute`` (cgvm.compiler.passes), run when a
+compilation asks for it (``run_passes(graph, recompute=...)``, ``cgvm.compile(..., recompute=...)``,
+``cgvm compile --recompute sqrt``): the duplicates have the same op, inputs and attributes as the
+originals, so CSE would merge them back, and fusion would hide the values a list names. Stateful
+nodes (random draws, dropout masks) are never duplicated: their outputs stay alive instead.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import InputError
 from ..ir.builder import apply
-from ..ir.graph import CONST, INPUT, PARAM, Graph, Node, Value
+from ..ir.graph import CONST, INPUT, PARAM, Graph, Node, Value, toposort
 from .schedule import is_gradient_seed
 
 #: ``strategy`` values accepted besides an explicit list of values to drop
@@ -69,29 +71,41 @@ def recompute(graph: Graph, strategy: Strategy = "sqrt", *, seeds: Optional[Iter
     return plan_recompute(graph, strategy, seeds=seeds).graph
 
 
-def optimize_and_recompute(graph: Graph, strategy: Strategy, optimize: Callable[[Graph], Graph]) -> RecomputePlan:
-    """Run ``optimize`` (the pass pipeline) on ``graph``, then recomputation on the result.
+class Recomputation:
+    """The ``recompute`` pass of one compilation: what to drop and, once the pass has run, what it
+    decided (``plan``, a RecomputePlan).
 
-    Values to drop, named in the source graph, ride through the passes as extra outputs: passes
-    that merge, fuse or rebuild nodes then say which value of the optimized graph each became,
-    and none of them is fused away. The extra outputs are removed again afterwards.
+    ``run_passes(graph, recompute=strategy)`` makes one; pass your own to read its plan. Values
+    to drop, named in the source graph, ride through the earlier passes as extra outputs
+    (``anchor``, before the pipeline): passes that merge, fuse or rebuild nodes then say which
+    value of the optimized graph each became, and none of them is fused away. The pass removes
+    the extra outputs again before it drops anything.
     """
-    if isinstance(strategy, str):
-        return plan_recompute(optimize(graph), strategy)
-    anchors = list(strategy)
-    n = len(graph.outputs)
-    optimized = optimize(Graph(graph.inputs, list(graph.outputs) + anchors, name=graph.name))
-    found = list(optimized.outputs[n:])
-    needed: Set[int] = set()
-    stack = [v.node for v in optimized.outputs[:n] if v.node is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) not in needed:
-            needed.add(id(node))
-            stack.extend(v.node for v in node.inputs if v.node is not None)
-    trimmed = Graph(optimized.inputs, optimized.outputs[:n], nodes=[m for m in optimized.nodes if id(m) in needed],
-                    name=optimized.name)
-    return plan_recompute(trimmed, found)
+
+    def __init__(self, strategy: Strategy):
+        self.strategy = strategy
+        self.plan: Optional[RecomputePlan] = None
+        self._n_outputs: Optional[int] = None   # the graph's own outputs, when values to drop were anchored
+
+    def anchor(self, graph: Graph) -> Graph:
+        """``graph`` with the values to drop as extra outputs (unchanged for a strategy name)."""
+        if isinstance(self.strategy, str):
+            return graph
+        self._n_outputs = len(graph.outputs)
+        return Graph(graph.inputs, list(graph.outputs) + list(self.strategy), name=graph.name)
+
+    def __call__(self, graph: Graph) -> Graph:
+        """The pass: the optimized ``graph``, anchors removed, with its dropped activations recomputed."""
+        n = self._n_outputs
+        if n is None:
+            self.plan = plan_recompute(graph, self.strategy)
+            return self.plan.graph
+        found = list(graph.outputs[n:])
+        needed = {id(node) for node in toposort(graph.outputs[:n])}   # kept in the passes' order
+        trimmed = Graph(graph.inputs, graph.outputs[:n], nodes=[m for m in graph.nodes if id(m) in needed],
+                        name=graph.name)
+        self.plan = plan_recompute(trimmed, found)
+        return self.plan.graph
 
 
 def plan_recompute(graph: Graph, strategy: Strategy = "sqrt", *,

@@ -31,7 +31,7 @@ from ..ir.graph import CONST, INPUT, PARAM, Graph, Node, Value
 
 def is_gradient_seed(node: Node) -> bool:
     """``ones_like(cost)`` with a scalar float cost: the seed ``cgvm.grad`` starts the backward pass from."""
-    if node.op.name != "ones_like" or len(node.inputs) != 1:
+    if node.op.name != "ones_like" or len(node.inputs) != 1:   # cgvm.grad's convention, not a fact of the op
         return False
     cost = node.inputs[0]
     return cost.dtype.is_float and all(d == 1 for d in cost.shape)

@@ -301,12 +301,21 @@ def _cast(node, inputs):
 
 # --------------------------------------------------------------------------- losses
 
-def _binary_crossentropy(node, inputs):
+def _loss_of_activation(node, inputs, activation: str):
+    """(p, t, the activation's node, its input x) when the loss reads p = activation(x) unclipped
+    (eps 0): the pattern both rewrites below start from."""
     p, t = inputs
-    s = producer(p, "sigmoid")
+    s = producer(p, activation)
     if s is None or node.attrs["eps"] != 0.0:
         return None
-    x = s.inputs[0]
+    return p, t, s, s.inputs[0]
+
+
+def _binary_crossentropy(node, inputs):
+    found = _loss_of_activation(node, inputs, "sigmoid")
+    if found is None:
+        return None
+    p, t, _, x = found
     if not x.dtype.is_float or x.dtype is not p.dtype:
         return None
     tf = t if t.dtype is x.dtype else ew.cast(t, dtype=x.dtype)
@@ -314,11 +323,10 @@ def _binary_crossentropy(node, inputs):
 
 
 def _categorical_crossentropy(node, inputs):
-    p, t = inputs
-    s = producer(p, "softmax")
-    if s is None or node.attrs["eps"] != 0.0:
+    found = _loss_of_activation(node, inputs, "softmax")
+    if found is None:
         return None
-    x = s.inputs[0]
+    p, t, s, x = found
     a = normalize_axis(node.attrs["axis"], p.ndim)
     if normalize_axis(s.attrs["axis"], x.ndim) != a:
         return None

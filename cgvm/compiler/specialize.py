@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Dict, List, Sequence
 
 from ..ir.types import TensorType
-from ..vm.bytecode import CALL, RET, Instr, Program
-from .codegen import with_frees
+from ..vm.bytecode import CALL, Instr, Program
+from .codegen import assemble
+from .liveness import live_calls
+
 
 def specialize(program: Program, types: Sequence[TensorType], copied_outputs: Sequence[int] = ()) -> Program:
     """The program with identity adapters aliased away and dead instructions removed.
@@ -26,7 +28,7 @@ def specialize(program: Program, types: Sequence[TensorType], copied_outputs: Se
     copied_at = set(copied_outputs)
     copied = ({s for k, s in enumerate(program.output_slots) if k in copied_at}
               - {s for k, s in enumerate(program.output_slots) if k not in copied_at})
-    leaves = set(program.input_slots) | {s for _, s in program.param_slots} | {s for s, _ in program.const_slots}
+    leaves = program.leaf_slots
     alias: Dict[int, int] = {}
     returned: set = set()   # sources that an aliased output now returns
     freed_like = False      # some kept adapter no longer reads its "like" operand
@@ -55,15 +57,4 @@ def specialize(program: Program, types: Sequence[TensorType], copied_outputs: Se
     if not alias and not freed_like:
         return program
     output_slots = tuple(alias.get(s, s) for s in program.output_slots)
-    outputs = set(output_slots)
-    live = set(outputs)
-    kept: List[Instr] = []
-    for ins in reversed(calls):
-        if any(r in live for r in ins.results):
-            kept.append(ins)
-            live.update(ins.args)
-    kept.reverse()
-    instrs = with_frees(kept, outputs | leaves)
-    instrs.append(Instr(RET, -1, output_slots, ()))
-    return Program(instrs, program.nodes, program.slot_names, program.slot_types, program.input_slots,
-                   program.param_slots, program.const_slots, output_slots, name=program.name)
+    return assemble(live_calls(calls, output_slots), output_slots, program)

@@ -9,7 +9,7 @@ source), slot names and types, constants and parameter names live in side tables
 """
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -23,6 +23,12 @@ class Instr(NamedTuple):
     node: int                    # index into Program.nodes (CALL), else -1
     args: Tuple[int, ...]
     results: Tuple[int, ...]
+
+
+def leaf_slots(input_slots: Iterable[int], param_slots: Iterable[Tuple[str, int]],
+               const_slots: Iterable[Tuple[int, Any]]) -> Set[int]:
+    """The slots whose values come from outside a program: its inputs, parameters and constants."""
+    return set(input_slots) | {s for _, s in param_slots} | {s for s, _ in const_slots}
 
 
 class Program:
@@ -44,6 +50,11 @@ class Program:
     @property
     def n_slots(self) -> int:
         return len(self.slot_names)
+
+    @property
+    def leaf_slots(self) -> Set[int]:
+        """Inputs, parameters and constants: slots no instruction computes (see leaf_slots)."""
+        return leaf_slots(self.input_slots, self.param_slots, self.const_slots)
 
     @property
     def n_calls(self) -> int:

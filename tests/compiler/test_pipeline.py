@@ -99,3 +99,61 @@ def test_one_liveness_analysis_serves_the_planner_report_and_update_plan():
     assert sig.updates.recycled == {sig.program.output_slots[1]: 0}
     assert sig.updates.in_place == {w_slot: 0}   # w - 0.5 * g may overwrite w's own array
     assert prepare_signature(program, known).updates.recycled == {}
+
+
+def _training_step_graph(blocks=12, batch=8, width=6):
+    """A loss over tanh(x W + b) blocks and its gradients (the graph recomputation works on)."""
+    from cgvm.ir import param_value
+    from cgvm.ops import elementwise_math as EM
+    from cgvm.ops import linalg as L
+    from cgvm.ops import loss as LS
+
+    x = input_value(TensorType((batch, width), float32), "x")
+    y = input_value(TensorType((batch,), "int64"), "y")
+    params, h = [], x
+    for i in range(blocks):
+        w, b = param_value(f"W{i}", TensorType((width, width), float32)), param_value(f"b{i}", TensorType((width,)))
+        params += [w, b]
+        h = EM.tanh(E.add(L.matmul(h, w), b))
+    loss = LS.softmax_cross_entropy(h, y)
+    return Graph([x, y], [loss] + cgvm.grad(loss, params))
+
+
+def test_recomputation_is_the_last_pass_and_runs_only_when_asked_for():
+    from cgvm.compiler.recompute import Recomputation, plan_recompute
+
+    last = PIPELINE[-1]
+    assert (last.name, last.option, last.needs) == ("recompute", "recompute", ("prune",))
+    assert "recompute" not in [p.name for p in select(PIPELINE, None)]
+    assert "recompute" not in [p.name for p in select(PIPELINE, ["recompute", "fold"])]   # named, not asked for
+    asked = [p.name for p in select(PIPELINE, ["fold"], {"recompute": "sqrt"})]
+    assert asked == ["prune", "fold", "recompute"]
+    graph = _training_step_graph()
+    plain = run_passes(graph)
+    request = Recomputation("sqrt")
+    buf = io.StringIO()
+    rebuilt = run_passes(graph, recompute=request, print_after=["recompute"], out=buf)
+    assert rebuilt is request.plan.graph and request.plan.duplicated_nodes > 0
+    # the same as recomputing the optimized graph by hand
+    assert str(rebuilt) == str(plan_recompute(plain, "sqrt").graph)
+    assert buf.getvalue().startswith("// after recompute\n") and "/recompute" in buf.getvalue()
+    assert str(run_passes(graph, recompute=None)) == str(plain)
+
+
+def test_the_command_line_runs_the_recompute_pass_when_asked(tmp_path, capsys):
+    from cgvm.cli import main
+    from cgvm.ir.serialize import save_graph
+
+    path = tmp_path / "step.cgvm"
+    save_graph(_training_step_graph(), path)
+    assert main(["compile", str(path), "--recompute", "sqrt", "--print-after", "schedule,recompute"]) == 0
+    out = capsys.readouterr().out
+    after = out.split("// after recompute: ")[1]
+    assert out.startswith("// after schedule\n") and "/recompute" in after and "/recompute" not in out.split(
+        "// after recompute")[0]
+    with pytest.raises(SystemExit):
+        main(["compile", str(path), "--print-after", "recompute"])
+    assert "runs only with --recompute sqrt" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["compile", "--help"])
+    assert "recompute (compile --recompute)" in " ".join(capsys.readouterr().out.split())

@@ -108,3 +108,14 @@ def test_a_real_reduction_is_kept():
     out = R.sum_to_like(g, x)
     before, after = _program(Graph([g, x], [out]), (4, 5), (5,))
     assert _ops(after) == ["sum_to_like"]
+
+
+def test_dead_code_elimination_keeps_what_the_outputs_need_in_order():
+    from cgvm.compiler.liveness import live_calls
+    from cgvm.vm.bytecode import Instr
+
+    calls = [Instr(CALL, 0, (0,), (1,)), Instr(CALL, 1, (0,), (2,)), Instr(CALL, 2, (1,), (3,)),
+             Instr(CALL, 3, (2,), (4,))]
+    assert live_calls(calls, [3]) == [calls[0], calls[2]]
+    assert live_calls(calls, [4, 1]) == [calls[0], calls[1], calls[3]]
+    assert live_calls(calls, [0]) == []

@@ -195,7 +195,7 @@ def test_a_stack_nobody_holds_is_reused_by_the_next_call_and_a_held_one_never():
 
     X, H0, W, U = symbolic()
     _, stack, _ = C.scan(X, H0, W, U, body=rnn_body(), n_seqs=1, n_carry=1)
-    kernel = stack.node.op.bind(np, stack.node.attrs, runtime=cgvm.compiled.SubgraphRuntime(cgvm.Workspace()))
+    kernel = stack.node.op.bind(np, stack.node.attrs, runtime=cgvm.compiled_function.SubgraphRuntime(cgvm.Workspace()))
     args = rnn_inputs(steps=50)
     first = kernel(*args)[1]
     kept = first.copy()

@@ -79,7 +79,7 @@ def write_time_profile(net: Any, log_dir: str, iterations: int,
     """Profile ``iterations`` runs of the net's forward-backward program into ``log_dir``;
     ``layer_ms``: Caffe's per-layer (forward, backward) milliseconds, written as a table too.
     Returns (log_dir, the Chrome trace file)."""
-    from cgvm.compiled import Function
+    from cgvm.compiled_function import Function
     from cgvm.errors import CgvmError
 
     try:

@@ -321,7 +321,7 @@ def _time(args: argparse.Namespace) -> int:
 
 def _time_whole_net(net: Any, n: int, sync) -> None:
     """How cgvm really runs the net: forward and backward compiled into one program (as a solver step)."""
-    from cgvm.compiled import Function
+    from cgvm.compiled_function import Function
 
     try:
         tg = net.training_graph()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from cgvm.autodiff import grad_map
-from cgvm.compiled import Function
+from cgvm.compiled_function import Function
 from cgvm.frontends.caffe.net_build import LayerInfo, ParamInfo, range_loss
 from cgvm.ir import Value
 from cgvm.ir.builder import rebuild

@@ -30,7 +30,7 @@ from cgvm.frontends.caffe import weights as _weights
 from cgvm.frontends.caffe.errors import CaffeError
 from cgvm.frontends.caffe.prototxt import read_solver
 from cgvm.backend import host_array
-from cgvm.compiled import Function
+from cgvm.compiled_function import Function
 from cgvm.ir import TensorType, input_value, param_value
 from cgvm.ops import elementwise as ew
 from cgvm.ops import shape as shp

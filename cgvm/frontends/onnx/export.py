@@ -159,7 +159,7 @@ def _clean(name: Optional[str]) -> str:
 
 def _graph_of(obj: Any, example: Any = None, optimized: bool = False) -> tuple:
     """(graph, workspace, input names) of something cgvm can export."""
-    from cgvm.compiled import Function
+    from cgvm.compiled_function import Function
 
     if isinstance(obj, Graph):
         return obj, None, None

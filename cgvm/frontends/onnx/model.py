@@ -17,7 +17,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from cgvm.compiled import Function, compile as cgvm_compile
+from cgvm.compiled import compile as cgvm_compile
+from cgvm.compiled_function import Function
 from cgvm.ir import Graph, TensorType, Value
 from cgvm.ir.graph import CONST, INPUT, PARAM
 from cgvm.ops import shape as shp

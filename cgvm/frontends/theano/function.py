@@ -1,4 +1,4 @@
-"""``theano.function``: Theano's calling conventions over ``cgvm.compiled.Function``.
+"""``theano.function``: Theano's calling conventions over ``cgvm.compiled_function.Function``.
 
 Everything is decided at compile time: the argument order and names, defaults, which inputs
 need checks beyond the fast path, and which results must be copied because they would alias an
@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ...errors import InputError, MissingInputError, UnusedInputError, apply_policy
-from ...compiled import Function as CoreFunction
+from ...compiled_function import Function as CoreFunction
 from ...ir.builder import rebuild
 from ...ir.graph import CONST, INPUT, PARAM, Value, toposort
 from ...vm.workspace import default_workspace
