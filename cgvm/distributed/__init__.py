@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from .gradients import (DEFAULT_BUCKET_BYTES, broadcast_parameters, check_same_everywhere, data_parallel_grad,
-                        plan_buckets, reduce_gradients, shard_rows)
+                        insert_reductions, plan_buckets, reduce_gradients, shard_rows)
 from .world import INSTALL_HINT, exit_code, fail, group, init, is_distributed, launcher_environment
 
 __all__ = ["init", "group", "rank", "size", "local_rank", "is_distributed", "allreduce", "broadcast", "allgather",
            "barrier", "reduce_gradients", "broadcast_parameters", "data_parallel_grad", "shard_rows",
-           "check_same_everywhere", "plan_buckets", "DEFAULT_BUCKET_BYTES", "INSTALL_HINT", "fail", "exit_code",
-           "launcher_environment"]
+           "check_same_everywhere", "plan_buckets", "insert_reductions", "DEFAULT_BUCKET_BYTES", "INSTALL_HINT",
+           "fail", "exit_code", "launcher_environment"]
 
 
 def rank() -> int:

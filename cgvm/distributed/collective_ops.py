@@ -1,13 +1,16 @@
 """The gradient allreduce as two IR ops, so the compiler sees where communication starts and ends.
 
-    flat = allreduce_start(g1, g2, ..., group=0, bucket=k)     # pack a bucket, start Iallreduce
-    g1', g2', ... = allreduce_wait(flat, shapes=..., scale=1/N) # wait, unpack, average
+    flat = allreduce_start(g1, g2, ..., group=0, bucket=k, scale=1/N)   # pack (averaging), start Iallreduce
+    g1', g2', ... = allreduce_wait(flat, shapes=...)                   # wait; the gradients are views of flat
 
 ``allreduce_start`` copies its gradients into one flat buffer (its output, placed by the memory
 planner like any value) and starts a non-blocking in-place sum over the ranks on it; the buffer
 stays alive, untouched by any other instruction, until ``allreduce_wait`` reads it, because
-the wait is its one reader. Both ops are ``stateful``: never folded, merged by CSE, fused or
-hoisted. The scheduling facts ``collective="start"``/``"wait"`` let the ``collectives`` pass
+the wait is its one reader. The start scales the gradients by 1/N as it packs them (exact for
+N a power of two, and no extra pass), and the wait returns them as views of the buffer (a view
+op: the planner keeps the buffer until the last of them is read), so a bucket costs one pass
+over its gradients (the packing) besides the reduction itself. Both ops are ``stateful``: never
+folded, merged by CSE, fused or hoisted. The scheduling facts ``collective="start"``/``"wait"`` let the ``collectives`` pass
 (cgvm.compiler.collectives) issue each start right after its last gradient is made and each
 wait right before the first update that reads its results, so that backward computation runs
 while the bucket travels. Every rank compiles the same graph, so the starts are issued in the
@@ -56,7 +59,7 @@ def _buffer_key(xp: Any, a: Any) -> int:
 _pending: Dict[int, Tuple[Any, int, Tuple[Tuple[int, ...], ...]]] = {}
 
 
-def _start_infer(types: List[TensorType], group: int, bucket: int, blocking: bool):
+def _start_infer(types: List[TensorType], group: int, bucket: int, blocking: bool, scale: float):
     dtypes = {t.dtype for t in types}
     if len(dtypes) != 1:
         raise ShapeError(f"allreduce_start: a bucket holds one dtype, got {sorted(str(d) for d in dtypes)}")
@@ -68,20 +71,25 @@ def _start_infer(types: List[TensorType], group: int, bucket: int, blocking: boo
 
 allreduce_start = defop(
     "allreduce_start", num_inputs=(1, None), pattern=OPAQUE, infer=_start_infer, stateful=True,
-    differentiable=False, attrs={"group": Int(0), "bucket": Int(0), "blocking": Bool(False)},
-    doc="allreduce_start(g1, ..., gk) -> flat: the gradients packed into one buffer whose sum over the "
-        "ranks of the group has been started (non-blocking; blocking=True reduces at once). Read it "
-        "only through allreduce_wait.")
+    differentiable=False, attrs={"group": Int(0), "bucket": Int(0), "blocking": Bool(False), "scale": Float(1.0)},
+    doc="allreduce_start(g1, ..., gk) -> flat: the gradients, times scale (1/ranks: the mean), packed into "
+        "one buffer whose sum over the ranks of the group has been started (non-blocking; blocking=True "
+        "reduces at once). Read it only through allreduce_wait.")
 allreduce_start.collective = "start"
 
 
 @allreduce_start.kernel
-def _(xp, *grads, group, bucket, blocking, out=None):
+def _(xp, *grads, group, bucket, blocking, scale, out=None):
     total = sum(g.size for g in grads)
     flat = xp.empty((total,), grads[0].dtype) if out is None else out
+    factor = flat.dtype.type(scale)
     at = 0
-    for g in grads:
-        flat[at:at + g.size] = g.reshape(-1)
+    for g in grads:   # scaled while packed: the packing pass is made anyway, and 1/2^k is exact
+        part = flat[at:at + g.size]
+        if scale != 1.0:
+            xp.multiply(g.reshape(-1), factor, out=part)
+        else:
+            part[...] = g.reshape(-1)
         at += g.size
     comm = _group(group)
     for key, (req, k, shapes) in list(_pending.items()):   # drive earlier buckets on (MPI progresses in calls)
@@ -104,10 +112,11 @@ def _wait_infer(types: List[TensorType], group: int, bucket: int, shapes: Tuple[
 
 allreduce_wait = defop(
     "allreduce_wait", num_inputs=1, num_outputs=lambda attrs, n: len(attrs["shapes"]), pattern=OPAQUE,
-    infer=_wait_infer, stateful=True, differentiable=False, multi_out=True,
+    infer=_wait_infer, stateful=True, differentiable=False, multi_out=True, view=True,
     attrs={"group": Int(0), "bucket": Int(0), "shapes": Any_(), "scale": Float(1.0)},
-    doc="allreduce_wait(flat) -> (g1', ..., gk'): wait for the bucket's sum over the ranks, then unpack "
-        "it into the gradients' shapes, times scale (1/ranks: the mean).")
+    doc="allreduce_wait(flat) -> (g1', ..., gk'): wait for the bucket's sum over the ranks, scale it by "
+        "scale in place (1, when allreduce_start scaled the bucket), and give the gradients as views of "
+        "it (no unpacking copy: the planner keeps the bucket's buffer alive while they are read).")
 allreduce_wait.collective = "wait"
 
 
@@ -117,17 +126,12 @@ def _(xp, flat, *, group, bucket, shapes, scale, out=None):
     req, _, made = _pending.pop(_buffer_key(xp, flat), (None, bucket, shapes))
     comm.finish(req, f"the allreduce of gradient bucket {bucket}")
     shapes = made     # the shapes start packed (the attribute may leave dimensions unknown)
-    single = len(shapes) == 1   # one result: the VM passes and expects a plain array, not a tuple
-    outs = (out,) if single else (tuple(out) if out is not None else (None,) * len(shapes))
+    if scale != 1.0:   # the bucket's one reader is this op: scaled where it lies
+        xp.multiply(flat, flat.dtype.type(scale), out=flat)
     results = []
     at = 0
-    factor = flat.dtype.type(scale)
-    for shape, dst in zip(shapes, outs):
+    for shape in shapes:
         n = int(np.prod(shape, dtype=np.int64))
-        src = flat[at:at + n].reshape(shape)
+        results.append(flat[at:at + n].reshape(shape))
         at += n
-        if dst is None:
-            dst = xp.empty(shape, flat.dtype)
-        xp.multiply(src, factor, out=dst)
-        results.append(dst)
-    return results[0] if single else tuple(results)
+    return results[0] if len(results) == 1 else tuple(results)   # one result: the VM expects a plain array

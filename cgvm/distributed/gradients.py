@@ -83,14 +83,22 @@ def reduce_gradients(grads: Sequence[Optional[Value]], *, average: bool = True, 
     mine = {"gradients": [(labels[i], tuple(v.shape), str(v.dtype)) for i, v in enumerate(grads) if v is not None],
             "buckets": buckets, "bucket_bytes": limit, "average": bool(average), "extra": signature}
     check_same_everywhere(mine, "the gradients to reduce", g)
-    gid = cops.register_group(g)
+    return insert_reductions(grads, buckets, g, scale=1.0 / g.size if average else 1.0, blocking=not overlap)
+
+
+def insert_reductions(grads: Sequence[Optional[Value]], buckets: Sequence[Sequence[int]], group: Any, *,
+                      scale: float, blocking: bool = False) -> List[Optional[Value]]:
+    """``grads`` with each bucket (indices, from ``plan_buckets``) replaced by its
+    ``allreduce_start``/``allreduce_wait`` pair over ``group``, times ``scale``: the graph
+    ``reduce_gradients`` builds, without its checks and whatever the group's size (a one-rank
+    group still runs the ops: the GPU test drives NCCL through them on one device)."""
+    gid = cops.register_group(group)
     out: List[Optional[Value]] = list(grads)
-    scale = 1.0 / g.size if average else 1.0
     for k, members in enumerate(buckets):
-        flat = cops.allreduce_start(*[grads[i] for i in members], group=gid, bucket=k, blocking=not overlap,
-                                    name=f"allreduce_bucket{k}")
+        flat = cops.allreduce_start(*[grads[i] for i in members], group=gid, bucket=k, blocking=blocking,
+                                    scale=scale, name=f"allreduce_bucket{k}")
         reduced = cops.allreduce_wait(flat, group=gid, bucket=k, shapes=[tuple(grads[i].shape) for i in members],
-                                      scale=scale, name=f"reduced_bucket{k}")
+                                      name=f"reduced_bucket{k}")
         reduced = reduced if isinstance(reduced, (list, tuple)) else [reduced]
         for i, r in zip(members, reduced):
             out[i] = r

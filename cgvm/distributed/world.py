@@ -39,23 +39,38 @@ DEFAULT_TIMEOUT = 1800.0
 
 
 def launcher_environment(env: Optional[Dict[str, str]] = None) -> Optional[Dict[str, Any]]:
-    """``{"launcher", "rank", "size", "local_rank"}`` from the environment a launcher set, or None.
+    """``{"launcher", "rank", "size", "local_rank", "variables"}`` from the environment a launcher set, or None.
 
     A launcher that starts one process (``mpiexec -n 1``, a one-task Slurm step) counts: MPI is
-    then initialised too, so a one-rank run exercises the same code as N ranks.
+    then initialised too, so a one-rank run exercises the same code as N ranks. A task started by
+    ``srun --mpi=pmi2`` (or ``--mpi=pmix``) carries both Slurm's SLURM_PROCID and the PMI rank; it is
+    reported as "slurm". ``mpiexec`` run inside a Slurm allocation is "mpich": its ranks inherit
+    the batch step's SLURM_* (the same SLURM_PROCID on every rank), which must not be read as theirs.
     """
     env = os.environ if env is None else env
     for name, rank, size, local in _LAUNCHERS:
         if rank in env and size in env:
             try:
                 found = {"launcher": name, "rank": int(env[rank]), "size": int(env[size]),
-                         "local_rank": int(env.get(local, env[rank]))}
+                         "local_rank": int(env.get(local, env[rank])), "variables": f"{rank}/{size}"}
             except ValueError:
                 continue
             if name == "slurm" and found["size"] <= 1 and "PMI_RANK" not in env:
                 continue   # a Slurm allocation running one plain process is not an MPI job
+            if name != "slurm" and _srun_task(env, found):
+                found.update(launcher="slurm", local_rank=int(env["SLURM_LOCALID"]))
             return found
     return None
+
+
+def _srun_task(env: Dict[str, str], found: Dict[str, Any]) -> bool:
+    """Whether srun started this process as one task of a step (with a PMI plugin), not mpiexec:
+    the step's task id and count are the PMI rank and size, and no mpiexec marker is there."""
+    if found["launcher"] not in ("mpich", "pmix") or "MPI_LOCALRANKID" in env or "SLURM_STEP_ID" not in env:
+        return False
+    tasks = env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS"))
+    return (env.get("SLURM_PROCID") == str(found["rank"]) and tasks == str(found["size"])
+            and env.get("SLURM_LOCALID", "").isdigit())
 
 
 def _import_mpi() -> Any:
@@ -89,6 +104,9 @@ class LocalGroup:
 
     def allgather_object(self, obj: Any) -> List[Any]:
         return [obj]
+
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        return obj
 
     def barrier(self) -> None:
         return None
@@ -152,6 +170,10 @@ class MPIGroup:
     def allgather_object(self, obj: Any) -> List[Any]:
         """Small Python objects from every rank (pickled: for signatures and settings, not tensors)."""
         return self.comm.allgather(obj)
+
+    def bcast_object(self, obj: Any, root: int = 0) -> Any:
+        """Rank ``root``'s small Python object on every rank (pickled: NCCL's unique id, settings)."""
+        return self.comm.bcast(obj, root=root)
 
     def barrier(self) -> None:
         self.finish(self.comm.Ibarrier(), "barrier")
@@ -226,6 +248,11 @@ def init(*, device: Optional[str] = None, require: bool = False) -> Any:
         raise DistributedError(f"device must be 'cpu' or 'gpu', got {device!r}")
     if _group is not None and (device == "cpu" or _group.device == device):
         return _group
+    if isinstance(_group, MPIGroup):   # the CPU group exists: NCCL joins it
+        from .nccl import NCCLGroup
+
+        _group = NCCLGroup(_group)
+        return _group
     found = launcher_environment()
     if found is None and not require:
         _group = LocalGroup()
@@ -235,13 +262,22 @@ def init(*, device: Optional[str] = None, require: bool = False) -> Any:
         raise DistributedError("this process was not started by an MPI launcher; run it as `mpiexec -n N python "
                                "...` (or `srun -n N ...` under Slurm)")
     base = MPIGroup(launcher=found["launcher"])
+    if (base.rank, base.size) != (found["rank"], found["size"]):
+        hint = ("under Slurm start the tasks with `srun --mpi=pmi2 ...` (or --mpi=pmix, whichever the MPI "
+                "library supports), or run `mpiexec -n N ...` inside the allocation" if found["launcher"] == "slurm"
+                else "start every rank with the launcher of the MPI library mpi4py uses")
+        raise DistributedError(
+            f"this process is rank {found['rank']} of {found['size']} according to the {found['launcher']} launcher "
+            f"({found['variables']}), but MPI sees rank {base.rank} of {base.size}: the MPI library is not "
+            f"connected to the launcher's process manager, and training alone would silently not be data-parallel; "
+            f"{hint}")
+    _group = base
+    if base.size > 1:   # before NCCL: a rank that cannot open its communicator stops the others
+        _install_fault_hooks(base)
     if device == "gpu":
         from .nccl import NCCLGroup
 
-        base = NCCLGroup(base)
-    _group = base
-    if base.size > 1:
-        _install_fault_hooks(base)
+        _group = NCCLGroup(base)
     return _group
 
 

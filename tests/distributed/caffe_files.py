@@ -7,12 +7,12 @@ import numpy as np
 
 DATA_LAYERS = {
     "lmdb": '''layer {{ name: "data" type: "Data" top: "data" top: "label" include {{ phase: {phase} }}
-  transform_param {{ scale: 0.00390625 mirror: {mirror} }}
+  transform_param {{ scale: 0.00390625 mirror: {mirror} crop_size: 5 }}
   data_param {{ source: "{source}" batch_size: {batch} backend: LMDB }} }}''',
     "hdf5": '''layer {{ name: "data" type: "HDF5Data" top: "data" top: "label" include {{ phase: {phase} }}
   hdf5_data_param {{ source: "{source}" batch_size: {batch} shuffle: {shuffle} }} }}''',
     "images": '''layer {{ name: "data" type: "ImageData" top: "data" top: "label" include {{ phase: {phase} }}
-  transform_param {{ scale: 0.00390625 mirror: {mirror} }}
+  transform_param {{ scale: 0.00390625 mirror: {mirror} crop_size: 5 }}
   image_data_param {{ source: "{source}" batch_size: {batch} shuffle: {shuffle} is_color: false }} }}''',
 }
 

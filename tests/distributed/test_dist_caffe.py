@@ -1,6 +1,7 @@
 """Caffe on 2 MPI ranks: `mpiexec -n 2 cgvm train` with batch b trains the model one process trains with
-batch 2b (LMDB with mirroring, HDF5 and ImageData shuffled); pycaffe's multi-solver API; snapshots
-resume with another rank count; a killed rank leaves the last snapshot whole."""
+batch 2b (LMDB with random crops and mirrors, HDF5 and ImageData shuffled, over several epochs, each rank
+decoding only its records); pycaffe's multi-solver API; snapshots resume with another rank count; a killed
+rank leaves the last snapshot whole."""
 import numpy as np
 import pytest
 

@@ -88,11 +88,30 @@ def test_one_process_adds_nothing_to_the_graph():
 def test_launcher_environments_are_recognised():
     assert launcher_environment({}) is None
     assert launcher_environment({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1"}) == \
-        {"launcher": "mpich", "rank": 1, "size": 4, "local_rank": 1}
+        {"launcher": "mpich", "rank": 1, "size": 4, "local_rank": 1, "variables": "PMI_RANK/PMI_SIZE"}
     assert launcher_environment({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8",
                                  "OMPI_COMM_WORLD_LOCAL_RANK": "1"})["local_rank"] == 1
     assert launcher_environment({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"})["launcher"] == "slurm"
     assert launcher_environment({"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}) is None   # a plain batch job
+
+
+def test_srun_tasks_and_mpiexec_inside_an_allocation_are_told_apart():
+    step = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4"}
+    # srun --mpi=pmi2: Slurm's PMI-2 plugin sets PMI_FD/PMI_RANK/PMI_SIZE beside the task's SLURM_*
+    srun = {**step, "PMI_FD": "5", "PMI_JOBID": "77.0", "PMI_RANK": "2", "PMI_SIZE": "4", "SLURM_PROCID": "2",
+            "SLURM_LOCALID": "0"}
+    assert launcher_environment(srun) == {"launcher": "slurm", "rank": 2, "size": 4, "local_rank": 0,
+                                          "variables": "PMI_RANK/PMI_SIZE"}
+    # mpiexec in a batch script: MPICH's ranks inherit the batch step's SLURM_PROCID 0
+    hydra = {**step, "PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "2", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0"}
+    assert launcher_environment(hydra)["launcher"] == "mpich" and launcher_environment(hydra)["local_rank"] == 2
+    # srun --mpi=pmix
+    pmix = {**step, "PMIX_RANK": "3", "PMIX_SIZE": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1"}
+    assert launcher_environment(pmix)["launcher"] == "slurm" and launcher_environment(pmix)["local_rank"] == 1
+    # srun with no PMI plugin: Slurm's variables alone
+    assert launcher_environment({**step, "SLURM_PROCID": "1", "SLURM_LOCALID": "1"}) == \
+        {"launcher": "slurm", "rank": 1, "size": 4, "local_rank": 1, "variables": "SLURM_PROCID/SLURM_NTASKS"}
 
 
 def test_row_shards_cover_a_global_batch_once():

@@ -81,9 +81,20 @@ class DataTransformer:
             return channels, self.crop, self.crop
         return channels, height, width
 
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        """N x C x H x W (any dtype) -> N x C x h x w float32."""
+    def __call__(self, batch: np.ndarray, positions: Optional[Sequence[int]] = None,
+                 total: Optional[int] = None) -> np.ndarray:
+        """N x C x H x W (any dtype) -> N x C x h x w float32.
+
+        ``positions``/``total``: ``batch`` holds only the items at ``positions`` (increasing) of a
+        batch of ``total`` (one rank's share, see data_shard.py). The random flips and crop offsets
+        are drawn for all ``total`` items, in the order the whole batch draws them, and applied to
+        the kept ones, so the shares of all ranks together are exactly the whole batch.
+        """
         n, c, h, w = batch.shape
+        if positions is None:
+            positions, total = range(n), n
+        elif len(positions) != n or total is None:
+            raise ValueError(f"a share of {n} items needs {n} positions and the whole batch's size")
         if self.mean_values is not None and self.mean_values.size not in (1, c):
             raise CaffeNetError(f"transform_param has {self.mean_values.size} mean_value entries; give 1 or "
                                 f"one per channel ({c})")
@@ -98,23 +109,28 @@ class DataTransformer:
                 out -= self.mean_image
             return self._mean_and_scale(out, c)
         out = np.empty((n, c, size or h, size or w), dtype=np.float32)
-        flips = self.rng.random(n) < 0.5 if self.mirror else np.zeros(n, bool)
-        for i in range(n):
+        flips = self.rng.random(total) < 0.5 if self.mirror else np.zeros(total, bool)
+        offsets = [self._crop_offset(h, w) for _ in range(total)] if size else None
+        for j, i in enumerate(positions):
             if size:
-                if self.phase == caffe_pb2.TRAIN:
-                    top, left = int(self.rng.integers(0, h - size + 1)), int(self.rng.integers(0, w - size + 1))
-                else:
-                    top, left = (h - size) // 2, (w - size) // 2
+                top, left = offsets[i]
                 rows, cols = slice(top, top + size), slice(left, left + size)
             else:
                 rows, cols = slice(None), slice(None)
-            item = batch[i, :, rows, cols].astype(np.float32)
+            item = batch[j, :, rows, cols].astype(np.float32)
             if self.mean_image is not None:
                 item -= self.mean_image[:, rows, cols]
             if flips[i]:
                 item = item[:, :, ::-1]
-            out[i] = item
+            out[j] = item
         return self._mean_and_scale(out, c)
+
+    def _crop_offset(self, h: int, w: int) -> Tuple[int, int]:
+        """(top, left) of one item's crop: random in TRAIN (row offset drawn first), centred in TEST."""
+        size = self.crop
+        if self.phase == caffe_pb2.TRAIN:
+            return int(self.rng.integers(0, h - size + 1)), int(self.rng.integers(0, w - size + 1))
+        return (h - size) // 2, (w - size) // 2
 
     def _mean_and_scale(self, out: np.ndarray, channels: int) -> np.ndarray:
         if self.mean_values is not None:
@@ -122,3 +138,35 @@ class DataTransformer:
         if self.scale != 1.0:
             out *= np.float32(self.scale)
         return out
+
+
+class BatchShare:
+    """Mixed into the data layers: which items of each batch of ``batch_size`` this process decodes.
+
+    By default all of them. ``take_share(count, rank)`` (several solvers, data_shard.py) keeps
+    items rank, rank+count, rank+2*count, ... of every batch (Caffe's interleaving): the layer
+    still moves its read position, shuffles and random draws over the whole batch, exactly as
+    one process of the whole batch does, but reads and decodes only the kept records.
+    """
+
+    batch_size: int
+    positions: Optional[np.ndarray] = None   # None: the whole batch
+    records_decoded = 0                       # records next_batch has decoded (read, parsed, copied)
+
+    def take_share(self, count: int, rank: int) -> None:
+        if count < 1 or not 0 <= rank < count or self.batch_size % count:
+            raise ValueError(f"cannot split a batch of {self.batch_size} into {count} equal shares (rank {rank})")
+        self.positions = np.arange(rank, self.batch_size, count)
+
+    @property
+    def share_size(self) -> int:
+        """The number of items next_batch returns."""
+        return self.batch_size if self.positions is None else len(self.positions)
+
+    def kept(self) -> np.ndarray:
+        """A bool per item of the whole batch: True for the items this process decodes."""
+        if self.positions is None:
+            return np.ones(self.batch_size, bool)
+        mask = np.zeros(self.batch_size, bool)
+        mask[self.positions] = True
+        return mask

@@ -9,14 +9,16 @@ from typing import Any, Dict, List, Mapping, Tuple
 import numpy as np
 
 from cgvm.frontends.caffe import caffe_pb2
-from cgvm.frontends.caffe.data_common import layer_error, layer_rng, read_list_file
+from cgvm.frontends.caffe.data_common import BatchShare, layer_error, layer_rng, read_list_file
 
 
-class HDF5DataLayer:
+class HDF5DataLayer(BatchShare):
     """``type: "HDF5Data"``: each top reads the dataset named like it from the files of a list file.
 
     Rows are read in order (or shuffled, with the file order, when ``shuffle``); a batch runs
-    on into the next file, and the last file wraps to the first.
+    on into the next file, and the last file wraps to the first. With a share (``take_share``)
+    only the kept rows are copied into the batch; each file is still loaded whole when the read
+    position reaches it, as Caffe's HDF5 layer does in every solver.
     """
 
     def __init__(self, layer: caffe_pb2.LayerParameter, phase: int, ctx: Any = None):
@@ -67,7 +69,7 @@ class HDF5DataLayer:
         self.row = 0
 
     def top_shapes(self) -> List[Tuple[int, ...]]:
-        return [(self.batch_size,) + self.current[t].shape[1:] for t in self.tops]
+        return [(self.share_size,) + self.current[t].shape[1:] for t in self.tops]
 
     def get_state(self) -> Dict[str, Any]:
         return {"file_order": self.file_order.tolist(), "file_pos": self.file_pos, "row": self.row,
@@ -90,7 +92,9 @@ class HDF5DataLayer:
         self.row, self.row_order = row, row_order
 
     def next_batch(self) -> Dict[str, np.ndarray]:
-        out = {t: np.empty((self.batch_size,) + a.shape[1:], np.float32) for t, a in self.current.items()}
+        keep = self.kept()
+        out = {t: np.empty((self.share_size,) + a.shape[1:], np.float32) for t, a in self.current.items()}
+        j = 0
         for i in range(self.batch_size):
             if self.row >= self.rows:
                 self.file_pos += 1
@@ -104,10 +108,13 @@ class HDF5DataLayer:
                     self.row = 0
                     if self.shuffle:
                         self.rng.shuffle(self.row_order)
-            r = self.row_order[self.row]
-            for t in self.tops:
-                out[t][i] = self.current[t][r]
+            if keep[i]:
+                r = self.row_order[self.row]
+                for t in self.tops:
+                    out[t][j] = self.current[t][r]
+                j += 1
             self.row += 1
+        self.records_decoded += j
         return out
 
 

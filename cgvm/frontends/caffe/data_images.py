@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Mapping, Tuple
 import numpy as np
 
 from cgvm.frontends.caffe import caffe_pb2
-from cgvm.frontends.caffe.data_common import DataTransformer, layer_error, layer_rng, need_tops, read_list_file
+from cgvm.frontends.caffe.data_common import (BatchShare, DataTransformer, layer_error, layer_rng, need_tops,
+                                              read_list_file)
 from cgvm.frontends.caffe.io import blobproto_to_array, resize_image
 
 
@@ -25,8 +26,11 @@ def _read_image(path: str, is_color: bool, height: int = 0, width: int = 0) -> n
     return arr[:, :, ::-1].transpose(2, 0, 1).copy() if is_color else arr[None].copy()
 
 
-class ImageDataLayer:
-    """``type: "ImageData"``: images named in a list file ("path label" per line), through the transformer."""
+class ImageDataLayer(BatchShare):
+    """``type: "ImageData"``: images named in a list file ("path label" per line), through the transformer.
+
+    With a share (``take_share``) the read position (and the reshuffle at each epoch's end)
+    moves over the whole batch, but only the kept images are opened and decoded."""
 
     def __init__(self, layer: caffe_pb2.LayerParameter, phase: int, ctx: Any = None):
         need_tops(layer, (2,), ctx)
@@ -66,23 +70,27 @@ class ImageDataLayer:
         return _read_image(full, self.is_color, *self.new_hw)
 
     def top_shapes(self) -> List[Tuple[int, ...]]:
-        return [(self.batch_size,) + self.transform.output_shape(*self.image_shape), (self.batch_size,)]
+        n = self.share_size
+        return [(n,) + self.transform.output_shape(*self.image_shape), (n,)]
 
     def next_batch(self) -> Dict[str, np.ndarray]:
-        images, labels = [], np.empty(self.batch_size, np.float32)
+        keep = self.kept()
+        images, labels = [], np.empty(self.share_size, np.float32)
         for i in range(self.batch_size):
-            path, labels[i] = self.lines[self.order[self.pos]]
-            img = self._image(path)
-            if img.shape != self.image_shape:
-                # Caffe reshapes per image; a batch needs one size, so later images are resized to the first
-                img = resize_image(img.transpose(1, 2, 0), self.image_shape[1:]).transpose(2, 0, 1)
-            images.append(img)
+            if keep[i]:
+                path, labels[len(images)] = self.lines[self.order[self.pos]]
+                img = self._image(path)
+                if img.shape != self.image_shape:
+                    # Caffe reshapes per image; a batch needs one size, so later images are resized to the first
+                    img = resize_image(img.transpose(1, 2, 0), self.image_shape[1:]).transpose(2, 0, 1)
+                images.append(img)
             self.pos += 1
             if self.pos >= len(self.lines):
                 self.pos = 0
                 if self.shuffle:
                     self.rng.shuffle(self.order)
-        return {self.tops[0]: self.transform(np.stack(images)), self.tops[1]: labels}
+        self.records_decoded += len(images)
+        return {self.tops[0]: self.transform(np.stack(images), self.positions, self.batch_size), self.tops[1]: labels}
 
     def get_state(self) -> Dict[str, Any]:
         return {"pos": self.pos, "order": self.order.tolist()}
@@ -91,7 +99,7 @@ class ImageDataLayer:
         self.pos, self.order = int(state["pos"]), np.asarray(state["order"], np.int64)
 
 
-class WindowDataLayer:
+class WindowDataLayer(BatchShare):
     """``type: "WindowData"``: R-CNN's window sampler.
 
     The source file lists, per image, ``# index``, the path, channels, height, width, the
@@ -147,7 +155,7 @@ class WindowDataLayer:
         self.channels = self.images[0][1]
 
     def top_shapes(self) -> List[Tuple[int, ...]]:
-        return [(self.batch_size, self.channels, self.crop, self.crop), (self.batch_size,)]
+        return [(self.share_size, self.channels, self.crop, self.crop), (self.share_size,)]
 
     def _crop_window(self, image: np.ndarray, box: Tuple[int, int, int, int]) -> np.ndarray:
         """The window with context, warped to crop x crop; parts outside the image stay 0."""
@@ -182,10 +190,17 @@ class WindowDataLayer:
             n_fg = self.batch_size
         picks = [self.fg[i] for i in self.rng.integers(0, len(self.fg), n_fg)] if n_fg else []
         picks += [self.bg[i] for i in self.rng.integers(0, len(self.bg), self.batch_size - n_fg)]
-        data = np.empty((self.batch_size, self.channels, self.crop, self.crop), np.float32)
-        labels = np.empty(self.batch_size, np.float32)
+        keep = self.kept()
+        data = np.empty((self.share_size, self.channels, self.crop, self.crop), np.float32)
+        labels = np.empty(self.share_size, np.float32)
         cache: Dict[int, np.ndarray] = {}
+        j = -1
         for i, (img_index, label, _, box) in enumerate(picks):
+            if not keep[i]:   # another rank's window: draw its mirror coin as the whole batch would
+                if self.mirror:
+                    self.rng.random()
+                continue
+            j += 1
             if img_index not in cache:
                 path, channels = self.images[img_index]
                 cache[img_index] = _read_image(path, channels == 3).astype(np.float32)
@@ -199,6 +214,7 @@ class WindowDataLayer:
             elif self.mean_values is not None:
                 window = window - (self.mean_values.reshape(-1, 1, 1) if self.mean_values.size > 1
                                    else self.mean_values[0])
-            data[i] = window * np.float32(self.scale)
-            labels[i] = label
+            data[j] = window * np.float32(self.scale)
+            labels[j] = label
+        self.records_decoded += j + 1
         return {self.tops[0]: data, self.tops[1]: labels}

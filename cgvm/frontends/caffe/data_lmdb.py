@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 import numpy as np
 
 from cgvm.frontends.caffe import caffe_pb2
-from cgvm.frontends.caffe.data_common import DataTransformer, layer_error, layer_rng, need_tops
+from cgvm.frontends.caffe.data_common import BatchShare, DataTransformer, layer_error, layer_rng, need_tops
 from cgvm.frontends.caffe.errors import CaffeNetError
 from cgvm.frontends.caffe.io import datum_to_array
 
@@ -32,8 +32,11 @@ def forget_lmdb(source: str) -> None:
         env.close()
 
 
-class LMDBDataLayer:
-    """``type: "Data"``: Datum records from an LMDB database, in key order, wrapping at the end."""
+class LMDBDataLayer(BatchShare):
+    """``type: "Data"``: Datum records from an LMDB database, in key order, wrapping at the end.
+
+    With a share (``take_share``) the cursor steps over every record of the batch but only the
+    kept records are fetched and parsed."""
 
     def __init__(self, layer: caffe_pb2.LayerParameter, phase: int, ctx: Any = None):
         need_tops(layer, (1, 2), ctx)
@@ -86,20 +89,27 @@ class LMDBDataLayer:
         return datum_to_array(datum)
 
     def top_shapes(self) -> List[Tuple[int, ...]]:
-        shapes = [(self.batch_size,) + self.transform.output_shape(*self.datum_shape)]
-        return shapes + [(self.batch_size,)] if len(self.tops) > 1 else shapes
+        n = self.share_size
+        shapes = [(n,) + self.transform.output_shape(*self.datum_shape)]
+        return shapes + [(n,)] if len(self.tops) > 1 else shapes
 
     def next_batch(self) -> Dict[str, np.ndarray]:
-        raw = np.empty((self.batch_size,) + tuple(self.datum_shape), dtype=np.float32)
-        labels = np.empty(self.batch_size, dtype=np.float32)
+        keep = self.kept()
+        n = self.share_size
+        raw = np.empty((n,) + tuple(self.datum_shape), dtype=np.float32)
+        labels = np.empty(n, dtype=np.float32)
+        j = 0
         for i in range(self.batch_size):
-            item = self._datum()
-            if item.shape != self.datum_shape:
-                raise CaffeNetError(f"layer {self.layer.name!r}: record {self._cursor.key()!r} has shape "
-                                    f"{item.shape}, the first had {self.datum_shape}")
-            raw[i], labels[i] = item, self._label
+            if keep[i]:
+                item = self._datum()
+                if item.shape != self.datum_shape:
+                    raise CaffeNetError(f"layer {self.layer.name!r}: record {self._cursor.key()!r} has shape "
+                                        f"{item.shape}, the first had {self.datum_shape}")
+                raw[j], labels[j] = item, self._label
+                j += 1
             self._advance()
-        out = {self.tops[0]: self.transform(raw)}
+        self.records_decoded += n
+        out = {self.tops[0]: self.transform(raw, self.positions, self.batch_size)}
         if len(self.tops) > 1:
             out[self.tops[1]] = labels
         return out

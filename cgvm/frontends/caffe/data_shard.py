@@ -1,20 +1,19 @@
 """Caffe's solver_count / solver_rank, and each rank's share of every global batch of a data layer.
 
 With N solvers (``mpiexec -n N cgvm train``, or pycaffe's ``set_solver_count``), a TRAIN-phase
-data layer of ``batch_size: b`` reads the global batch of N*b records exactly as one process of
-batch N*b would (same order, same shuffles, same random crops and mirrors, since every rank
-draws from the same seed) and keeps records rank, rank+N, rank+2N, ... (Caffe's DataLayer::Skip
-interleaving). So N ranks of batch b see, together, exactly the batch one process of N*b sees,
-and the read position (kept in snapshots) is the same on every rank: a snapshot resumes with any
-rank count. TEST-phase layers are not split: only rank 0 tests, as in Caffe.
-
-The cost is that each rank reads (and transforms) the whole global batch, N times its share.
+data layer of ``batch_size: b`` is built for the global batch of N*b records and told to keep
+records rank, rank+N, rank+2N, ... of it (Caffe's DataLayer::Skip interleaving; the layers'
+``take_share``, data_common.BatchShare). It moves its read position, shuffles and random draws
+(crop offsets, mirror coins) over the whole global batch exactly as one process of batch N*b
+would, since every rank draws from the same seed, but reads, decodes and transforms only its
+own records. So N ranks of batch b see, together, exactly the batch one process of N*b sees, at
+1/N of the data work each, and the read position (kept in snapshots) is the same on every rank:
+a snapshot resumes with any rank count. TEST-phase layers are not split: only rank 0 tests, as
+in Caffe.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Tuple
-
-import numpy as np
+from typing import Any, Callable
 
 from cgvm.frontends.caffe import caffe_pb2
 
@@ -53,24 +52,6 @@ def multiprocess() -> bool:
     return _solvers["multiprocess"]
 
 
-class ShardedDataLayer:
-    """A data layer built for the global batch, handing out this rank's records of each batch."""
-
-    def __init__(self, inner: Any, count: int, rank: int):
-        self.inner, self.count, self.rank = inner, count, rank
-        self.tops = getattr(inner, "tops", [])
-
-    def top_shapes(self) -> List[Tuple[int, ...]]:
-        return [(s[0] // self.count,) + tuple(s[1:]) for s in self.inner.top_shapes()]
-
-    def next_batch(self) -> Dict[str, np.ndarray]:
-        return {top: np.ascontiguousarray(array[self.rank::self.count])
-                for top, array in self.inner.next_batch().items()}
-
-    def __getattr__(self, name: str) -> Any:   # get_state, set_state, batch_size of the reader...
-        return getattr(self.inner, name)
-
-
 def sharded(type_name: str, factory: Callable[..., Any]) -> Callable[..., Any]:
     """``factory`` that, with several solvers, builds TRAIN layers for the global batch and splits it."""
     field = BATCH_FIELDS.get(type_name)
@@ -85,7 +66,9 @@ def sharded(type_name: str, factory: Callable[..., Any]) -> Callable[..., Any]:
         whole.CopyFrom(layer)
         param = getattr(whole, field)
         param.batch_size = int(getattr(layer, field).batch_size) * count
-        return ShardedDataLayer(factory(whole, phase, ctx), count, rank)
+        built = factory(whole, phase, ctx)
+        built.take_share(count, rank)
+        return built
 
     build.__doc__ = factory.__doc__
     return build

@@ -105,10 +105,10 @@ def broadcast_state(solver: Any) -> None:
 def has_nccl() -> bool:
     """Whether device gradients can be reduced with NCCL here (CuPy with its NCCL bindings)."""
     try:
-        from cupy.cuda import nccl  # noqa: F401
+        from cupy.cuda import nccl
     except Exception:
         return False
-    return True
+    return bool(getattr(nccl, "available", True))   # a CuPy built without NCCL says so here
 
 
 class NCCL:

@@ -8,9 +8,12 @@ As in Keras, ``batch_size`` is the global batch: each step, rank r trains on its
 of the same global batch (the shuffle order is rank 0's), gradients are averaged over the ranks
 inside the compiled train step (cgvm.distributed.reduce_gradients), and the weights and optimizer
 state start from rank 0's, so N ranks train the model one process trains with the same batch size.
-When a global batch does not split evenly, each rank's sample weights are scaled by
-n_rank * N / n_global so that the average of the ranks' losses is the loss of the whole batch.
-Logged values are averaged over the ranks; callbacks and the progress bar run on rank 0 only,
+When a global batch does not split evenly, each rank's loss is weighted by n_rank * N / n_global
+(the ``loss_share`` input of the compiled step) so that the average of the ranks' losses is the
+loss of the whole batch. Losses are averaged over the ranks; metrics are summed: a mean metric
+(accuracy, MSE, ...) gives its weighted sum and its weight, Precision/Recall/AUC their counts, and
+the totals over the ranks make the value, so every logged figure is the one a single process
+computes on the global batch. Callbacks and the progress bar run on rank 0 only,
 and rank 0's ``stop_training`` is broadcast so every rank stops together. ``evaluate`` splits
 each batch the same way; ``predict`` splits the rows and gathers the outputs on every rank.
 Without a launcher (one process) a DataParallel distribution changes nothing.
@@ -18,7 +21,7 @@ Without a launcher (one process) a DataParallel distribution changes nothing.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -141,14 +144,34 @@ def local_rows(idx: np.ndarray) -> Tuple[np.ndarray, float]:
     return mine, len(mine) * g.size / len(idx)
 
 
-def global_logs(logs: Dict[str, float]) -> Dict[str, float]:
-    """The step's logged values averaged over the ranks."""
+def global_logs(logs: Dict[str, Any], summed: Optional[Mapping[str, Any]] = None,
+                counted: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The step's logged values over the ranks, equal to those of one process on the global batch.
+
+    Losses are averaged (each rank's is already weighted by its share of the global batch). The
+    ``summed`` mean metrics come as [weighted sum, weight] per rank: added over the ranks, then
+    divided (a mean of per-rank means would weigh a rank of 2 rows like one of 3). The ``counted``
+    metrics' counts (Precision, Recall, AUC) are added. One allreduce carries them all.
+    """
     g = active_group()
     if g is None or not logs:
         return logs
-    values = np.array(list(logs.values()), np.float64)
-    g.allreduce(values, "mean")
-    return dict(zip(logs, values.tolist()))
+    summed, counted = summed or {}, counted or {}
+    parts = [np.asarray(v, np.float64).reshape(-1) for v in logs.values()]
+    flat = np.concatenate(parts)
+    g.allreduce(flat, "sum")
+    out: Dict[str, Any] = {}
+    at = 0
+    for (name, _), part in zip(logs.items(), parts):
+        total = flat[at:at + part.size]
+        at += part.size
+        if name in summed and total.size == 2:
+            out[name] = summed[name].result_from_sums(total)
+        elif name in counted or total.size > 1:
+            out[name] = total.copy()
+        else:
+            out[name] = float(total[0]) / g.size
+    return out
 
 
 def root_decides(flag: bool) -> bool:

@@ -13,6 +13,7 @@ import numpy as np
 from ...ir.graph import Value, input_value
 from ...ir.types import TensorType
 from ...ops import elementwise as ew
+from ...ops import join
 from ...ops import reduce as red
 from ...ops import shape as shp
 from . import losses as losses_mod
@@ -98,17 +99,36 @@ class Metric:
     def per_sample(self, y_true: Any, y_pred: Any) -> Value:
         return self.fn(y_true, y_pred, **self.options)
 
-    def batch_value(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Value:
-        """Mean of the per-sample values over the batch, weighted by ``sample_weight`` if given."""
+    def _per_sample_and_weights(self, y_true: Any, y_pred: Any, sample_weight: Any):
         per = self.per_sample(y_true, y_pred)
         if sample_weight is None:
-            return red.mean(per)
+            return per, None
         w = to_value(sample_weight)
         w = w if w.dtype is per.dtype else ew.cast(w, dtype=per.dtype)
         while w.ndim < per.ndim:
             w = shp.expand_dims(w, axis=[w.ndim])
-        w = shp.broadcast_like(w, per)
+        return per, shp.broadcast_like(w, per)
+
+    def batch_value(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Value:
+        """Mean of the per-sample values over the batch, weighted by ``sample_weight`` if given."""
+        per, w = self._per_sample_and_weights(y_true, y_pred, sample_weight)
+        if w is None:
+            return red.mean(per)
         return ew.div(red.sum(ew.mul(per, w)), ew.maximum(red.sum(w), 1e-12))
+
+    def batch_sums(self, y_true: Any, y_pred: Any, sample_weight: Any = None) -> Value:
+        """``[sum of weighted values, sum of weights]`` over the batch: what data-parallel ranks add up
+        (keras.distribution), so that ``result_from_sums`` of the total is the whole batch's mean."""
+        per, w = self._per_sample_and_weights(y_true, y_pred, sample_weight)
+        w = shp.ones_like(per) if w is None else w
+        one = lambda v: shp.reshape(v, shape=(1,))  # noqa: E731
+        return join.concat(one(red.sum(ew.mul(per, w))), one(red.sum(w)), axis=0)
+
+    @staticmethod
+    def result_from_sums(sums: Any) -> float:
+        """The batch mean from ``batch_sums`` (added over the ranks)."""
+        total, weight = (float(v) for v in np.asarray(sums, np.float64).reshape(2))
+        return total / max(weight, 1e-12)
 
     # -- stateful use
     def reset_state(self) -> None:

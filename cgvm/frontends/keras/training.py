@@ -68,6 +68,7 @@ class TrainingMixin:
         self.loss_weights = loss_weights
         self._metric_spec = metrics
         self._count_metrics: Dict[str, Any] = {}
+        self._summed_metrics: Dict[str, Any] = {}
         self.compiled = True
         self._functions = {}
 
@@ -141,10 +142,15 @@ class TrainingMixin:
                 metric = metrics_mod.get(m, loss=lf, y_true_ndim=y_arrays[k].ndim, y_pred_shape=out.shape)
                 label = metric.name if len(names) == 1 else f"{names[k]}_{metric.name}"
                 labels.append(label)
+                counts = getattr(metric, "accumulates_counts", False)   # Precision, Recall, AUC: summed counts
+                # DataParallel: a mean metric gives its sums, added over the ranks before dividing
+                summed = not counts and dist_mod.active_group() is not None
                 with source_scope(f"keras metric {label!r} (compiled at {current_source()})"):
-                    values.append(metric.batch_value(y, out, weight))
-                if getattr(metric, "accumulates_counts", False):   # Precision, Recall, AUC: summed counts
+                    values.append(metric.batch_sums(y, out, weight) if summed else metric.batch_value(y, out, weight))
+                if counts:
                     self._count_metrics[label] = metric
+                if summed:
+                    self._summed_metrics[label] = metric
         return labels, values
 
     def _regularization(self) -> Optional[Value]:
@@ -157,12 +163,16 @@ class TrainingMixin:
         y_vals = [input_value(TensorType((None,) + a.shape[1:], _target_dtype(a)), f"y{i}") for i, a in enumerate(ys)]
         sw_vals = [input_value(TensorType((None,), "float32"), f"sample_weight{i}") for i in range(len(ys))]
         seed = input_value(TensorType((), "int64"), "seed")
+        # DataParallel: each rank's losses are weighted by its share of the global batch (rows * ranks /
+        # global rows), so that the mean over the ranks is the global batch's loss; metrics are not
+        share = input_value(TensorType((), "float32"), "loss_share") if dist_mod.active_group() is not None else None
+        loss_sws = sw_vals if share is None else [ew.mul(sw, share) for sw in sw_vals]
         scope = K.BuildScope(training=train, seed=seed if train else None)
         with K.build_scope(scope):
             outs, masks = self.forward_with_masks(x_vals, training=train)
             if len(outs) != len(ys):
                 raise ValueError(f"model {self.name!r} has {len(outs)} outputs but {len(ys)} targets were given")
-            total, per_output, loss_fns = self._build_losses(outs, y_vals, sw_vals, masks)
+            total, per_output, loss_fns = self._build_losses(outs, y_vals, loss_sws, masks)
             labels, metric_values = self._build_metrics(outs, y_vals, sw_vals, loss_fns, ys, masks)
         extra = [v for v in [self._regularization()] + list(scope.losses) if v is not None]
         for term in extra:
@@ -186,16 +196,16 @@ class TrainingMixin:
                 updates[param] = new
         for param, new in scope.state_updates.values():
             updates[param] = new
-        inputs = x_vals + y_vals + sw_vals + ([seed] if train else [])
+        inputs = x_vals + y_vals + sw_vals + ([share] if share is not None else []) + ([seed] if train else [])
         fn = cg_compile(inputs, results, updates=updates, workspace=K.get_workspace(),
                         name=f"{self.name}_{'train' if train else 'test'}_step")
         if train:   # DataParallel: every rank starts from rank 0's weights and optimizer state
             dist_mod.broadcast_weights(K.get_workspace(), [p.name for p in updates] +
                                        [w.value.name for w in self.weights])
-        return fn, names, in_types, [v.type for v in y_vals]
+        return fn, names, in_types, [v.type for v in y_vals], share is not None
 
     def _function(self, xs, ys, train: bool):
-        key = (train, tuple((a.ndim, _target_dtype(a)) for a in ys))
+        key = (train, tuple((a.ndim, _target_dtype(a)) for a in ys), dist_mod.active_group() is not None)
         hit = self._functions.get(key)
         if hit is None:
             hit = self._functions[key] = self._make_function(xs, ys, train)
@@ -215,16 +225,29 @@ class TrainingMixin:
         return hit
 
     # -- steps
-    def _run_step(self, xs, ys, sws, train: bool) -> Dict[str, float]:
-        fn, names, in_types, y_types = self._function(xs, ys, train)
+    def _run_step(self, xs, ys, sws, train: bool, share: float = 1.0) -> Dict[str, Any]:
+        """One compiled step; ``share``: this rank's weight in the global batch (DataParallel)."""
+        fn, names, in_types, y_types, takes_share = self._function(xs, ys, train)
         args = self._feed(xs, in_types) + self._feed(ys, y_types) + [np.asarray(s, np.float32) for s in sws]
+        if takes_share:
+            args.append(np.asarray(share, np.float32))
         if train:
             self.optimizer.before_step()
             args.append(np.asarray(self._step_rng.integers(0, 2 ** 62), dtype=np.int64))
         results = fn(*args)
-        counted = getattr(self, "_count_metrics", {})
-        return {n: (np.asarray(K.as_array(r), np.float64) if n in counted else float(K.as_array(r)))
-                for n, r in zip(names, results)}
+        # scalars (losses, mean metrics) as floats; the counts of counting metrics and, under
+        # DataParallel, the sums of mean metrics as float64 vectors
+        arrays = [K.as_array(r) for r in results]
+        return {n: (float(a) if np.ndim(a) == 0 else np.asarray(a, np.float64)) for n, a in zip(names, arrays)}
+
+    def _global_step(self, xs, ys, sws, rows: Any, train: bool) -> Dict[str, Any]:
+        """One step on the global batch ``rows`` (indices or a slice): under DataParallel this rank's
+        share of them, the logged values combined over the ranks (keras.distribution); else all of them."""
+        if dist_mod.active_group() is None:
+            return self._run_step([a[rows] for a in xs], [a[rows] for a in ys], [a[rows] for a in sws], train)
+        mine, share = dist_mod.local_rows(np.arange(len(xs[0]))[rows])
+        batch = self._run_step([a[mine] for a in xs], [a[mine] for a in ys], [a[mine] for a in sws], train, share)
+        return dist_mod.global_logs(batch, getattr(self, "_summed_metrics", {}), getattr(self, "_count_metrics", {}))
 
     def _add_batch(self, sums: Dict[str, Any], batch: Dict[str, Any], count: int) -> None:
         """Running sums: sample-weighted means, and the counts of counting metrics."""
@@ -255,14 +278,15 @@ class TrainingMixin:
         self._check_compiled()
         xs, ys = self._inputs_list(x), self._targets_list(y)
         self._ensure_built(xs)
-        logs = self._logs(self._run_step(xs, ys, self._weights_for(ys, sample_weight, class_weight), train=True), 1)
+        logs = self._logs(self._global_step(xs, ys, self._weights_for(ys, sample_weight, class_weight), slice(None),
+                                            True), 1)
         return logs if return_dict else _flat_result(logs)
 
     def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, return_dict: bool = False) -> Any:
         self._check_compiled()
         xs, ys = self._inputs_list(x), self._targets_list(y)
         self._ensure_built(xs)
-        logs = self._logs(self._run_step(xs, ys, self._weights_for(ys, sample_weight, None), train=False), 1)
+        logs = self._logs(self._global_step(xs, ys, self._weights_for(ys, sample_weight, None), slice(None), False), 1)
         return logs if return_dict else _flat_result(logs)
 
     def predict_on_batch(self, x: Any) -> Any:
@@ -303,10 +327,7 @@ class TrainingMixin:
             for step in range(steps):
                 idx = order[step * batch_size:(step + 1) * batch_size]
                 cb.on_train_batch_begin(step)
-                mine, factor = dist_mod.local_rows(idx)   # DataParallel: this rank's share
-                batch = self._run_step([a[mine] for a in xs], [a[mine] for a in ys],
-                                       [a[mine] * np.float32(factor) if factor != 1.0 else a[mine] for a in sws], True)
-                batch = dist_mod.global_logs(batch)
+                batch = self._global_step(xs, ys, sws, idx, True)   # DataParallel: this rank's share
                 seen += len(idx)
                 self._add_batch(sums, batch, len(idx))
                 logs = self._logs(sums, seen)
@@ -348,12 +369,7 @@ class TrainingMixin:
         for step in range(nsteps):
             sl = slice(step * batch_size, (step + 1) * batch_size)
             cb.on_test_batch_begin(step)
-            factor = 1.0
-            if dist_mod.active_group() is not None:   # DataParallel: this rank's share
-                sl, factor = dist_mod.local_rows(np.arange(n)[sl])
-            batch = self._run_step([a[sl] for a in xs], [a[sl] for a in ys],
-                                   [a[sl] * np.float32(factor) if factor != 1.0 else a[sl] for a in sws], False)
-            batch = dist_mod.global_logs(batch)
+            batch = self._global_step(xs, ys, sws, sl, False)   # DataParallel: this rank's share
             count = len(xs[0][step * batch_size:(step + 1) * batch_size])
             self._add_batch(sums, batch, count)
             cb.on_test_batch_end(step, self._logs(sums, min(n, (step + 1) * batch_size)))
