@@ -5,6 +5,11 @@ from . import grad_control, random, sorting  # noqa: F401  (ops the Theano front
 from . import fused  # noqa: F401  (ops the fusion passes produce)
 from . import detection  # noqa: F401  (SSD's DetectionOutput, for the Caffe frontend's fork layers)
 from . import tensor_math  # noqa: F401  (ops the ONNX frontend needs: bit_shift, cumprod, einsum, det)
+from . import sampling  # noqa: F401  (grid_sample: ONNX GridSample, PyTorch grid_sample)
+from . import spectral  # noqa: F401  (dft: ONNX DFT and STFT, numpy.fft)
+from . import image  # noqa: F401  (decode_image: ONNX ImageDecoder, with Pillow)
+from . import text  # noqa: F401  (tfidf_vectorize: ONNX TfIdfVectorizer on integer tokens)
+from . import roi  # noqa: F401  (roi_align: ONNX RoiAlign)
 from .registry import BROADCAST, ELEMWISE, INJECTIVE, OPAQUE, REDUCE, OpDef, all_ops, defop, lookup
 
 # The kernel libraries moved to cgvm.ops.kernels, and the BLAS binding to cgvm.backend.blas; their

@@ -1,4 +1,5 @@
-"""Detection ops: SSD's DetectionOutput (decode boxes against priors, per-class NMS, top-k).
+"""Detection ops: SSD's DetectionOutput (decode boxes against priors, per-class NMS, top-k), and ONNX's
+NonMaxSuppression (non_max_suppression, at the end).
 
     detection_output(loc, conf, prior, num_classes=, ...) -> (1, 1, kept, 7)
 
@@ -178,3 +179,82 @@ def _host(a: Any) -> np.ndarray:
 def _(xp, loc, conf, prior, *, out=None, **attrs):
     rows = detect(_host(loc), _host(conf), _host(prior), **attrs)
     return xp.asarray(rows.astype(_host(loc).dtype, copy=False))
+
+
+# --------------------------------------------------------------------------- ONNX NonMaxSuppression
+
+def _nms_infer(types, **_):
+    boxes, scores = types
+    if not boxes.dtype.is_float or not scores.dtype.is_float:
+        raise ShapeError(f"non_max_suppression: boxes and scores must be float tensors, got {boxes!r} and {scores!r}")
+    if boxes.ndim != 3 or boxes.shape[2] not in (None, 4):
+        raise ShapeError(f"non_max_suppression: boxes must be (batches, boxes, 4), got {boxes!r}")
+    if scores.ndim != 3:
+        raise ShapeError(f"non_max_suppression: scores must be (batches, classes, boxes), got {scores!r}")
+    for a, b, what in ((boxes.shape[0], scores.shape[0], "batches"), (boxes.shape[1], scores.shape[2], "boxes")):
+        if a is not None and b is not None and a != b:
+            raise ShapeError(f"non_max_suppression: boxes {boxes!r} and scores {scores!r} disagree on the {what}")
+    return TensorType((None, 3), "int64")
+
+
+non_max_suppression = defop(
+    "non_max_suppression", num_inputs=2, pattern=OPAQUE, writes_out=False, differentiable=False,
+    attrs={"max_output_boxes_per_class": Int(0), "iou_threshold": Float(0.0), "score_threshold": Float(None),
+           "center_point_box": Bool(False)},
+    infer=_nms_infer,
+    doc="ONNX NonMaxSuppression: rows [batch, class, box index] of the boxes kept per class, best first.")
+
+
+def _corners(boxes: np.ndarray, center_point_box: bool) -> np.ndarray:
+    """(..., 4) boxes as (ymin, xmin, ymax, xmax); corner pairs may come in either order."""
+    if center_point_box:
+        xc, yc, w, h = (boxes[..., i] for i in range(4))
+        return np.stack([yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2], axis=-1)
+    y = np.sort(boxes[..., 0::2], axis=-1)
+    x = np.sort(boxes[..., 1::2], axis=-1)
+    return np.stack([y[..., 0], x[..., 0], y[..., 1], x[..., 1]], axis=-1)
+
+
+def overlaps_more_than(box: np.ndarray, others: np.ndarray, threshold: float) -> np.ndarray:
+    """Whether each of ``others`` has an intersection over union with ``box`` above the threshold
+    (boxes as (ymin, xmin, ymax, xmax); no overlap, an empty box or an empty union never suppress)."""
+    iy = np.minimum(box[2], others[:, 2]) - np.maximum(box[0], others[:, 0])
+    ix = np.minimum(box[3], others[:, 3]) - np.maximum(box[1], others[:, 1])
+    inter = iy * ix
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (others[:, 2] - others[:, 0]) * (others[:, 3] - others[:, 1])
+    union = area + areas - inter
+    ok = (iy > 0) & (ix > 0) & (inter > 0) & (area > 0) & (areas > 0) & (union > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return ok & (inter / np.where(ok, union, 1) > threshold)
+
+
+def select_boxes(boxes: np.ndarray, scores: np.ndarray, *, max_output_boxes_per_class: int, iou_threshold: float,
+                 score_threshold, center_point_box: bool) -> np.ndarray:
+    """The (selected, 3) int64 rows NonMaxSuppression produces (host NumPy in and out)."""
+    corners = _corners(boxes, center_point_box)
+    rows = []
+    limit = max(int(max_output_boxes_per_class), 0)
+    threshold = scores.dtype.type(iou_threshold)
+    for b in range(scores.shape[0]):
+        for c in range(scores.shape[1]):
+            if not limit:
+                break
+            s = scores[b, c]
+            candidates = np.arange(s.shape[0]) if score_threshold is None else \
+                np.nonzero(s > s.dtype.type(score_threshold))[0]
+            order = candidates[np.argsort(-s[candidates], kind="stable")]   # ties: the lower index first
+            kept: List[int] = []
+            for index in order:
+                if kept and overlaps_more_than(corners[b, index], corners[b, kept], threshold).any():
+                    continue
+                kept.append(int(index))
+                rows.append((b, c, int(index)))
+                if len(kept) >= limit:
+                    break
+    return np.asarray(rows, dtype=np.int64).reshape(len(rows), 3)
+
+
+@non_max_suppression.kernel
+def _(xp, boxes, scores, *, out=None, **attrs):
+    return xp.asarray(select_boxes(_host(boxes), _host(scores), **attrs))

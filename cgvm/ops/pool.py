@@ -2,7 +2,9 @@
 
 Attributes: ``kernel`` (one value or one per spatial axis), ``stride`` (default: the kernel),
 ``pad`` (1, n symmetric, or 2·n values ``(begins..., ends...)``; each must be smaller than the
-kernel, as Caffe requires), ``ceil_mode`` (False: floor rule).
+kernel, as Caffe requires), ``ceil_mode`` (False: floor rule), ``dilation`` (default 1: the
+window's k taps lie ``dilation`` apart, so it spans ``(k - 1)·dilation + 1``, as in ONNX and
+PyTorch; ``k`` below stands for that span).
 
 Output size per axis: ``floor((in + pad_begin + pad_end - k) / stride) + 1``, or with
 ``ceil_mode`` Caffe's rule: ``ceil(...) + 1``, then ``out -= 1`` if ``(out-1)·stride >= in + pad_begin``
@@ -36,7 +38,8 @@ from .rules import dims_agree, require_float
 
 # --------------------------------------------------------------------------- type rules
 
-_POOL_ATTRS = {"kernel": Ints(), "stride": Ints(None), "pad": Ints((0,)), "ceil_mode": Bool(False)}
+_POOL_ATTRS = {"kernel": Ints(), "stride": Ints(None), "pad": Ints((0,)), "ceil_mode": Bool(False),
+               "dilation": Ints((1,))}
 _AVG_ATTRS = dict(_POOL_ATTRS, count_include_pad=Bool(True))
 
 
@@ -47,22 +50,26 @@ def _check_input(t: TensorType, what: str) -> None:
         raise ShapeError(f"{what} needs a numeric input, got {t!r}")
 
 
+def _geometry_attrs(attrs) -> tuple:
+    return attrs["kernel"], attrs["stride"], attrs["pad"], attrs["ceil_mode"], attrs["dilation"]
+
+
 def _pooled_type(t: TensorType, geo: PoolGeometry) -> TensorType:
     return TensorType(t.shape[:2] + geo.out_sizes(t.shape[2:]), t.dtype)
 
 
-def _max_pool_infer(types, kernel, stride, pad, ceil_mode, return_mask):
+def _max_pool_infer(types, kernel, stride, pad, ceil_mode, dilation, return_mask):
     x = types[0]
     _check_input(x, "max_pool")
-    y = _pooled_type(x, PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode))
+    y = _pooled_type(x, PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode, dilation))
     return [y, y.with_dtype(int64)] if return_mask else y
 
 
-def _avg_pool_infer(types, kernel, stride, pad, ceil_mode, count_include_pad):
+def _avg_pool_infer(types, kernel, stride, pad, ceil_mode, dilation, count_include_pad):
     x = types[0]
     _check_input(x, "avg_pool")
     require_float(x, "avg_pool input")
-    return _pooled_type(x, PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode))
+    return _pooled_type(x, PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode, dilation))
 
 
 def _x_shaped(types, **attrs):
@@ -71,7 +78,7 @@ def _x_shaped(types, **attrs):
     _check_input(x, "max_pool_grad")
     if len(types) == 3 and (types[2].dtype is not x.dtype or not dims_agree(types[2].shape, g.shape)):
         raise ShapeError(f"max_pool_grad: the pooled output {types[2]!r} must match x's dtype and g's shape {g!r}")
-    PoolGeometry(x.ndim - 2, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["ceil_mode"])
+    PoolGeometry(x.ndim - 2, *_geometry_attrs(attrs))
     return x.with_dtype(g.dtype)
 
 
@@ -79,14 +86,14 @@ def _y_shaped(types, **attrs):
     """(x, v) -> pooled shape of x with v's dtype (the max-pool gather op)."""
     x, v = types
     _check_input(x, "max_pool_select")
-    geo = PoolGeometry(x.ndim - 2, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["ceil_mode"])
+    geo = PoolGeometry(x.ndim - 2, *_geometry_attrs(attrs))
     return _pooled_type(x, geo).with_dtype(v.dtype)
 
 
 def _avg_grad_infer(types, **attrs):
     g, x_like = types
     _check_input(x_like, "avg_pool_grad")
-    PoolGeometry(x_like.ndim - 2, attrs["kernel"], attrs["stride"], attrs["pad"], attrs["ceil_mode"])
+    PoolGeometry(x_like.ndim - 2, *_geometry_attrs(attrs))
     return x_like.with_dtype(g.dtype)
 
 
@@ -102,8 +109,8 @@ max_pool = defop("max_pool", num_inputs=1, pattern=OPAQUE, attrs=dict(_POOL_ATTR
 
 
 @max_pool.kernel
-def _(xp, x, *, kernel, stride, pad, ceil_mode, return_mask, out=None):
-    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
+def _(xp, x, *, kernel, stride, pad, ceil_mode, dilation=(1,), return_mask, out=None):
+    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode, dilation)
     if return_mask:
         best, index, out_sizes = window_argmax(xp, x, geo)
         return best, _flat_mask(xp, index, x.shape[2:], out_sizes, geo)
@@ -118,7 +125,8 @@ def _flat_mask(xp: Any, index: Any, in_sizes: Sequence[int], out_sizes: Sequence
     base = np.zeros((), dtype=np.int64)
     for o, s, (b, _), st in zip(out_sizes, geo.stride, geo.pads, plane_strides):
         base = np.add.outer(base, (np.arange(o) * s - b) * st)
-    offset_flat = np.array([sum(k * st for k, st in zip(kk, plane_strides)) for kk in geo.offsets()], dtype=np.int64)
+    offset_flat = np.array([sum(k * st for k, st in zip(kk, plane_strides)) for kk in geo.positions()],
+                           dtype=np.int64)
     return xp.asarray(base) + xp.take(xp.asarray(offset_flat), index)
 
 
@@ -134,8 +142,8 @@ max_pool_grad = defop("max_pool_grad", num_inputs=(2, 3), pattern=OPAQUE, attrs=
 
 
 @max_pool_grad.kernel
-def _(xp, x, g, y=None, *, kernel, stride, pad, ceil_mode, out=None):
-    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
+def _(xp, x, g, y=None, *, kernel, stride, pad, ceil_mode, dilation=(1,), out=None):
+    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode, dilation)
     if x.ndim == 4 and tiled.tiles(geo, x.shape[2:]) and tuple(geo.kernel) == (2, 2):
         return tiled.max_grad_2x2(xp, x, g, y, out)
     if tiled.tiles(geo, x.shape[2:]):
@@ -153,8 +161,8 @@ max_pool_select = defop("max_pool_select", num_inputs=2, pattern=OPAQUE, attrs=d
 
 
 @max_pool_select.kernel
-def _(xp, x, v, *, kernel, stride, pad, ceil_mode, out=None):
-    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
+def _(xp, x, v, *, kernel, stride, pad, ceil_mode, dilation=(1,), out=None):
+    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode, dilation)
     _, index, out_sizes = window_argmax(xp, x, geo)
     vpad = pad_to_extent(xp, v, geo, geo.extent(x.shape[2:], out_sizes), 0)
     target = xp.zeros(x.shape[:2] + out_sizes, dtype=v.dtype) if out is None else out
@@ -180,8 +188,8 @@ def _reciprocal(xp: Any, geo: PoolGeometry, in_sizes: Sequence[int], out_sizes: 
 
 
 @avg_pool.kernel
-def _(xp, x, *, kernel, stride, pad, ceil_mode, count_include_pad, out=None):
-    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode)
+def _(xp, x, *, kernel, stride, pad, ceil_mode, dilation=(1,), count_include_pad, out=None):
+    geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode, dilation)
     in_sizes = x.shape[2:]
     out_sizes = geo.out_sizes(in_sizes)
     target = xp.empty(x.shape[:2] + out_sizes, dtype=x.dtype) if out is None else out
@@ -200,8 +208,8 @@ avg_pool_grad = defop("avg_pool_grad", num_inputs=2, pattern=OPAQUE, attrs=dict(
 
 
 @avg_pool_grad.kernel
-def _(xp, g, x_like, *, kernel, stride, pad, ceil_mode, count_include_pad, out=None):
-    geo = PoolGeometry(x_like.ndim - 2, kernel, stride, pad, ceil_mode)
+def _(xp, g, x_like, *, kernel, stride, pad, ceil_mode, dilation=(1,), count_include_pad, out=None):
+    geo = PoolGeometry(x_like.ndim - 2, kernel, stride, pad, ceil_mode, dilation)
     in_sizes = x_like.shape[2:]
     scaled = g * _reciprocal(xp, geo, in_sizes, geo.out_sizes(in_sizes), count_include_pad, g.dtype)
     return scatter_windows(xp, lambda i: scaled, g.dtype, x_like.shape, geo, out)

@@ -235,9 +235,12 @@ def _pool_attrs(node):
         v = tuple(v)
         return list(v * nsp if len(v) == 1 else v)
     pairs = pad_pairs(a["pad"], nsp)
-    return dict(kernel_shape=spatial(a["kernel"]), strides=spatial(a["stride"]),
-                pads=[b for b, _ in pairs] + [e for _, e in pairs],
-                ceil_mode=int(a["ceil_mode"]))
+    attrs = dict(kernel_shape=spatial(a["kernel"]), strides=spatial(a["stride"]),
+                 pads=[b for b, _ in pairs] + [e for _, e in pairs],
+                 ceil_mode=int(a["ceil_mode"]))
+    if any(d != 1 for d in a.get("dilation", (1,))):
+        attrs["dilations"] = spatial(a["dilation"])
+    return attrs
 
 
 @lowering("max_pool")
@@ -249,6 +252,8 @@ def _max_pool(ctx, node, ins):
 
 @lowering("avg_pool")
 def _avg_pool(ctx, node, ins):
+    if any(d != 1 for d in node.attrs.get("dilation", (1,))):
+        raise OnnxExportError("avg_pool with dilation needs AveragePool of opset 19; cgvm exports opset 17")
     return ctx.one("AveragePool", ins, count_include_pad=int(node.attrs["count_include_pad"]), **_pool_attrs(node))
 
 

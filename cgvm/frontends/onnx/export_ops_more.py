@@ -129,3 +129,43 @@ def _cumsum(ctx, node, ins):
 @lowering("bit_shift")
 def _bit_shift(ctx, node, ins):
     return ctx.one("BitShift", ins, direction=node.attrs["direction"].upper())
+
+
+# --------------------------------------------------------------------------- sampling, spectral, detection
+
+@lowering("grid_sample")
+def _grid_sample(ctx, node, ins):
+    a = node.attrs
+    if node.inputs[0].ndim != 4:
+        raise OnnxExportError("grid_sample over other than 2 spatial axes needs GridSample of opset 20; cgvm "
+                              "exports opset 17")
+    mode = {"linear": "bilinear", "cubic": "bicubic"}.get(a["mode"], a["mode"])
+    return ctx.one("GridSample", ins, mode=mode, padding_mode=a["padding_mode"],
+                   align_corners=int(a["align_corners"]))
+
+
+@lowering("dft")
+def _dft(ctx, node, ins):
+    a = node.attrs
+    inputs = list(ins)
+    if a["length"] is not None:
+        inputs.append(ctx.const(np.asarray(a["length"], np.int64), "dft_length"))
+    return ctx.one("DFT", inputs, axis=int(a["axis"]), inverse=int(a["inverse"]), onesided=int(a["onesided"]))
+
+
+@lowering("roi_align")
+def _roi_align(ctx, node, ins):
+    a = node.attrs
+    return ctx.one("RoiAlign", ins, mode=a["mode"], output_height=a["output_height"], output_width=a["output_width"],
+                   sampling_ratio=a["sampling_ratio"], spatial_scale=a["spatial_scale"],
+                   coordinate_transformation_mode="half_pixel" if a["half_pixel"] else "output_half_pixel")
+
+
+@lowering("non_max_suppression")
+def _nms(ctx, node, ins):
+    a = node.attrs
+    extra = [ctx.const(np.asarray([a["max_output_boxes_per_class"]], np.int64), "max_boxes"),
+             ctx.const(np.asarray([a["iou_threshold"]], np.float32), "iou_threshold")]
+    if a["score_threshold"] is not None:
+        extra.append(ctx.const(np.asarray([a["score_threshold"]], np.float32), "score_threshold"))
+    return ctx.one("NonMaxSuppression", list(ins) + extra, center_point_box=int(a["center_point_box"]))

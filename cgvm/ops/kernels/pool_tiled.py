@@ -25,7 +25,7 @@ CHUNK_BYTES = 1 << 20
 def tiles(geo: Any, in_sizes: Sequence[int]) -> bool:
     """Whether the windows tile the input (stride = kernel, no padding, and no partial last window
     in ceil mode; floor mode ignores the untiled rest)."""
-    return (not any(b or e for b, e in geo.pads) and tuple(geo.stride) == tuple(geo.kernel)
+    return (not geo.dilated and not any(b or e for b, e in geo.pads) and tuple(geo.stride) == tuple(geo.kernel)
             and all(n % k == 0 or not geo.ceil_mode for n, k in zip(in_sizes, geo.kernel)))
 
 

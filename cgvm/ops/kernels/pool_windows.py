@@ -39,45 +39,58 @@ def pool_out_size(n: Dim, k: int, s: int, pads: Tuple[int, int], ceil_mode: bool
 class PoolGeometry:
     """Pooling attributes normalised for a given number of spatial axes."""
 
-    __slots__ = ("nsp", "kernel", "stride", "pads", "ceil_mode")
+    __slots__ = ("nsp", "kernel", "stride", "pads", "ceil_mode", "dilation", "span")
 
     def __init__(self, nsp: int, kernel: Sequence[int], stride: Optional[Sequence[int]], pad: Sequence[int],
-                 ceil_mode: bool):
+                 ceil_mode: bool, dilation: Sequence[int] = (1,)):
         self.nsp = nsp
         self.kernel = spatial_values(kernel, nsp, "kernel")
         self.stride = spatial_values(self.kernel if stride is None else stride, nsp, "stride")
+        self.dilation = spatial_values(dilation, nsp, "dilation")
+        # the extent one window covers: k taps, dilation apart
+        self.span = tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilation))
         self.pads: PadPairs = pad_pairs(pad, nsp)
-        for k, (b, e) in zip(self.kernel, self.pads):
+        for k, (b, e) in zip(self.span, self.pads):
             if b >= k or e >= k:
-                raise ShapeError(f"pad {tuple(pad)} must be smaller than the kernel {self.kernel}")
+                raise ShapeError(f"pad {tuple(pad)} must be smaller than the kernel {self.kernel}"
+                                 + (f" with dilation {self.dilation}" if self.dilated else ""))
         self.ceil_mode = ceil_mode
+
+    @property
+    def dilated(self) -> bool:
+        return any(d != 1 for d in self.dilation)
 
     def out_sizes(self, in_sizes: Sequence[Dim]) -> Tuple[Dim, ...]:
         return tuple(pool_out_size(n, k, s, p, self.ceil_mode)
-                     for n, k, s, p in zip(in_sizes, self.kernel, self.stride, self.pads))
+                     for n, k, s, p in zip(in_sizes, self.span, self.stride, self.pads))
 
     def extent(self, in_sizes: Sequence[int], out_sizes: Sequence[int]) -> Tuple[int, ...]:
         """Padded size covering every window (ceil mode may run past the end padding)."""
         return tuple(max(n + b + e, (o - 1) * s + k)
-                     for n, (b, e), o, s, k in zip(in_sizes, self.pads, out_sizes, self.stride, self.kernel))
+                     for n, (b, e), o, s, k in zip(in_sizes, self.pads, out_sizes, self.stride, self.span))
 
     def offsets(self) -> List[Tuple[int, ...]]:
+        """Tap indices of a window, row-major (tap i of an axis lies i·dilation from its start)."""
         return list(itertools.product(*[range(k) for k in self.kernel]))
+
+    def positions(self) -> List[Tuple[int, ...]]:
+        """Where each tap of ``offsets()`` lies from the window's start."""
+        return [tuple(k * d for k, d in zip(kk, self.dilation)) for kk in self.offsets()]
 
     def offset_slices(self, out_sizes: Sequence[int]) -> List[tuple]:
         """For each kernel offset (row-major), the strided slice of the padded input it reads."""
         return [(slice(None), slice(None)) + tuple(slice(k, k + (o - 1) * s + 1, s)
                                                    for k, o, s in zip(kk, out_sizes, self.stride))
-                for kk in self.offsets()]
+                for kk in self.positions()]
 
     def clipped_axis(self, d: int, n: int, out: int) -> List[Tuple[slice, slice]]:
         """Along spatial axis d: for each kernel offset, (output slice, input slice) of the outputs
         whose window element at that offset lies inside the unpadded input, and the strided input
         elements they read. Padding is never materialized: a padded element is one no offset
         reads. Offsets that read only padding are left out."""
-        k_size, s, b = self.kernel[d], self.stride[d], self.pads[d][0]
+        k_size, s, b, dil = self.kernel[d], self.stride[d], self.pads[d][0], self.dilation[d]
         result = []
-        for k in range(k_size):
+        for k in range(0, k_size * dil, dil):
             first = max(0, -(-(b - k) // s))          # o·s + k - b >= 0
             last = min(out - 1, (n - 1 + b - k) // s)  # o·s + k - b <= n - 1
             if last >= first:
@@ -88,12 +101,15 @@ class PoolGeometry:
     def divisor(self, in_sizes: Sequence[int], out_sizes: Sequence[int], include_pad: bool) -> np.ndarray:
         """Averaging divisor per output position (spatial shape), as float64 NumPy."""
         total = np.ones((), dtype=np.float64)
-        for d, (n, k, s, (b, e), o) in enumerate(zip(in_sizes, self.kernel, self.stride, self.pads, out_sizes)):
+        for n, k, s, (b, e), o, dl in zip(in_sizes, self.kernel, self.stride, self.pads, out_sizes, self.dilation):
             start = np.arange(o) * s - b
+            # taps t in [0, k) at start + t·dl: inside the padded extent (start + t·dl < n + e), or
+            # inside the image (0 <= start + t·dl < n)
             if include_pad:
-                count = np.minimum(start + k, n + e) - start
+                count = np.clip(-(-(n + e - start) // dl), 0, k)
             else:
-                count = np.minimum(start + k, n) - np.maximum(start, 0)
+                first = np.maximum(-(-(-start) // dl), 0)
+                count = np.maximum(np.minimum(-(-(n - start) // dl), k) - first, 0)
             total = np.multiply.outer(total, count)
         return total
 

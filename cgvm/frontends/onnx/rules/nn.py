@@ -85,9 +85,11 @@ def _conv_transpose(n):
     if out_shape is not None or auto in ("SAME_UPPER", "SAME_LOWER"):
         target = ints(out_shape)[-nsp:] if out_shape is not None else [d * s for d, s in zip(spatial, strides)]
         total = [f + op - t for f, op, t in zip(full, out_pad, target)]
+        # an output_shape past the full result (and the output_padding) grows it at the end
+        total = [max(t, 0) for t in total]
         before = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
         after = [t - b for t, b in zip(total, before)]
-        out_pad = [0] * nsp
+        out_pad = [t - (f - b - a) for t, f, b, a in zip(target, full, before, after)]
     else:
         pads = ints(n.attr("pads", [0] * (2 * nsp)))
         before, after = pads[:nsp], pads[nsp:]
@@ -111,28 +113,56 @@ def _pool_setup(n):
     kernel = ints(n.attr("kernel_shape"))
     strides = ints(n.attr("strides", [1] * nsp))
     dilations = ints(n.attr("dilations", [1] * nsp))
-    if any(d != 1 for d in dilations):
-        raise n.error("pooling with dilations is not supported")
     before, after = _geometry(n, n.spatial(0), kernel, strides, dilations)
-    return x, nsp, kernel, strides, before, after, bool(n.attr("ceil_mode", 0))
+    geo = dict(kernel=tuple(kernel), stride=tuple(strides), ceil_mode=bool(n.attr("ceil_mode", 0)),
+               dilation=tuple(dilations))
+    return x, nsp, geo, before, after
 
 
 @rule("MaxPool")
 def _max_pool(n):
-    x, nsp, kernel, strides, before, after, ceil = _pool_setup(n)
-    if n.num_outputs > 1 and n.node.output[1]:
-        raise n.error("MaxPool's Indices output is not supported")
+    x, nsp, geo, before, after = _pool_setup(n)
+    spatial = n.spatial(0)
     if before != after:
         x = _explicit_pad(x, before, after, -np.inf if x.dtype.is_float else np.iinfo(x.dtype.np).min)
-        before = [0] * nsp
-    return P.max_pool(x, kernel=tuple(kernel), stride=tuple(strides), pad=tuple(before), ceil_mode=ceil)
+    pad = tuple(before) if before == after else (0,) * nsp
+    if n.num_outputs < 2 or not n.node.output[1]:
+        return P.max_pool(x, pad=pad, **geo)
+    y, mask = P.max_pool(x, pad=pad, return_mask=True, **geo)
+    if before == after:
+        before = after = [0] * nsp
+    return [y, _onnx_indices(n, mask, spatial, before, after)]
+
+
+def _onnx_indices(n, mask, spatial, before, after):
+    """cgvm's argmax mask (a flat index into the (n, c) plane the pooling read, padded explicitly
+    when the pads were asymmetric) as ONNX's Indices: a flat index into the whole unpadded input,
+    its plane row-major (storage_order 0) or column-major (1)."""
+    nsp = len(spatial)
+    read = [d + b + a for d, b, a in zip(spatial, before, after)]
+    axes = list(range(nsp)) if int(n.attr("storage_order", 0)) == 0 else list(reversed(range(nsp)))
+    out_strides, plane = [0] * nsp, 1
+    for d in reversed(axes):
+        out_strides[d], plane = plane, plane * spatial[d]
+    flat, rest = None, mask
+    for d in reversed(range(nsp)):
+        coord = E.mod(rest, const(read[d], mask))
+        rest = E.floordiv(rest, const(read[d], mask))
+        if before[d]:
+            coord = E.sub(coord, const(before[d], mask))
+        term = E.mul(coord, const(out_strides[d], mask))
+        flat = term if flat is None else E.add(flat, term)
+    planes = n.input(0).shape[:2]
+    if None in planes:
+        raise n.error("MaxPool's Indices output needs the batch and channel sizes known")
+    base = np.arange(planes[0] * planes[1], dtype=np.int64).reshape(tuple(planes) + (1,) * nsp) * plane
+    return E.add(flat, const_value(base))
 
 
 @rule("AveragePool")
 def _avg_pool(n):
-    x, nsp, kernel, strides, before, after, ceil = _pool_setup(n)
+    x, nsp, geo, before, after = _pool_setup(n)
     include = bool(n.attr("count_include_pad", 0))
-    geo = dict(kernel=tuple(kernel), stride=tuple(strides), ceil_mode=ceil)
     if before == after:
         return P.avg_pool(x, pad=tuple(before), count_include_pad=include, **geo)
     padded = _explicit_pad(x, before, after, 0.0)
@@ -159,13 +189,12 @@ def _gmp(n):
 
 @rule("LpPool")
 def _lp_pool(n):
-    x, nsp, kernel, strides, before, after, ceil = _pool_setup(n)
+    x, nsp, geo, before, after = _pool_setup(n)
     p = float(n.attr("p", 2))
-    padded = _explicit_pad(E.pow(E.abs(x), const(p, x)), before, after, 0.0) if any(before + after) else \
-        E.pow(E.abs(x), const(p, x))
-    mean = P.avg_pool(padded, kernel=tuple(kernel), stride=tuple(strides), pad=(0,) * nsp, ceil_mode=ceil,
-                      count_include_pad=True)
-    return E.pow(E.mul(mean, const(float(np.prod(kernel)), x)), const(1.0 / p, x))
+    powered = E.pow(E.abs(x), const(p, x))
+    padded = _explicit_pad(powered, before, after, 0.0) if any(before + after) else powered
+    mean = P.avg_pool(padded, pad=(0,) * nsp, count_include_pad=True, **geo)
+    return E.pow(E.mul(mean, const(float(np.prod(geo["kernel"])), x)), const(1.0 / p, x))
 
 
 @rule("GlobalLpPool")
@@ -206,3 +235,35 @@ def _lrn(n):
     x = n.input(0)
     return NN.lrn(x, local_size=int(n.attr("size")), norm_region="ACROSS_CHANNELS",
                   alpha=float(n.attr("alpha", 1e-4)), beta=float(n.attr("beta", 0.75)), k=float(n.attr("bias", 1.0)))
+
+
+@rule("MaxUnpool")
+def _max_unpool(n):
+    """Each value of X written at its Indices (flat positions over the whole unpooled tensor) into
+    zeros shaped (in - 1)·stride - pads + kernel per axis, then zero-padded at the end to
+    ``output_shape`` where given."""
+    x, idx = n.input(0), n.input(1)
+    nsp = x.ndim - 2
+    spatial = n.spatial(0)
+    kernel = ints(n.attr("kernel_shape"))
+    strides = ints(n.attr("strides", [1] * nsp))
+    pads = ints(n.attr("pads", [0] * (2 * nsp)))
+    lead = n.shape(0)[:2]
+    inferred = list(lead) + [(d - 1) * s - (pads[i] + pads[nsp + i]) + k
+                             for i, (d, s, k) in enumerate(zip(spatial, strides, kernel))]
+    target = inferred
+    if n.has_input(2):
+        target = ints(n.need_static(2, "output_shape"))
+        if len(target) != x.ndim or any(t < i for t, i in zip(target, inferred)):
+            raise n.error(f"output_shape {target} must have rank {x.ndim} and be at least the unpooled shape "
+                          f"{inferred}")
+    total = int(np.prod(inferred))
+    zeros = const_value(np.zeros(total, x.dtype.np))
+    flat_idx = shp.reshape(idx if idx.dtype.np == np.int64 else E.cast(idx, dtype=np.int64), shape=(-1,))
+    placed = shp.reshape(I.take_set(zeros, shp.reshape(x, shape=(-1,)), flat_idx, axis=0), shape=tuple(inferred))
+    if target == inferred:
+        return placed
+    flat_pads = []
+    for t, i in zip(target, inferred):
+        flat_pads += [0, t - i]
+    return I.pad(placed, pads=tuple(flat_pads), mode="constant", value=0.0)
