@@ -178,3 +178,58 @@ def test_confusion_metrics_in_fit_and_evaluate_match_keras():
     em = mine.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
     for key in ("precision", "recall", "auc"):
         np.testing.assert_allclose(em[key], et[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+def _multi_label_scores(seed, n=40, labels=3):
+    rng = np.random.default_rng(seed)
+    y = (rng.random((n, labels)) < np.array([0.3, 0.5, 0.7])[:labels]).astype("float32")
+    p = np.clip(0.3 * y + rng.random((n, labels)) * 0.7, 0, 1).astype("float32")
+    return y, p
+
+
+@pytest.mark.parametrize("curve", ["ROC", "PR", "PRGAIN"])
+@pytest.mark.parametrize("method", ["interpolation", "minoring", "majoring"])
+@pytest.mark.parametrize("extra", [dict(multi_label=True), dict(multi_label=True, num_labels=3),
+                                   dict(multi_label=True, label_weights=[0.2, 1.0, 0.5]),
+                                   dict(label_weights=[0.2, 1.0, 0.5])])
+def test_auc_multi_label_and_label_weights_match_keras(curve, method, extra):
+    kwargs = dict(curve=curve, summation_method=method, num_thresholds=23, **extra)
+    theirs, mine = keras.metrics.AUC(**kwargs), ckeras.metrics.AUC(**kwargs)
+    for seed in (4, 5):
+        y, p = _multi_label_scores(seed)
+        w = np.random.default_rng(seed + 10).random(len(y)).astype("float32")
+        theirs.update_state(y, p, sample_weight=w)
+        mine.update_state(y, p, sample_weight=w)
+    np.testing.assert_allclose(mine.result(), float(theirs.result()), rtol=1e-5, atol=1e-6)
+    mine.reset_state()
+    theirs.reset_state()
+    y, p = _multi_label_scores(6)
+    theirs.update_state(y, p)
+    mine.update_state(y, p)
+    np.testing.assert_allclose(mine.result(), float(theirs.result()), rtol=1e-5, atol=1e-6)
+
+
+def test_multi_label_auc_in_fit_matches_keras():
+    def build(lib):
+        return lib.Sequential([lib.Input((5,)), lib.layers.Dense(3, activation="sigmoid")])
+    keras.utils.set_random_seed(11)
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(40, 5)).astype("float32")
+    y = (x[:, :3] + 0.7 * rng.normal(size=(40, 3)) > 0).astype("float32")
+    theirs, mine = build(keras), build(ckeras)
+    mine.set_weights(theirs.get_weights())
+    metrics = lambda lib: [lib.metrics.AUC(name="auc", multi_label=True, curve="PR"),  # noqa: E731
+                           lib.metrics.AUC(name="wauc", multi_label=True, label_weights=[1.0, 0.0, 2.0])]
+    theirs.compile(keras.optimizers.SGD(0.1), "binary_crossentropy", metrics=metrics(keras))
+    mine.compile(ckeras.optimizers.SGD(0.1), "binary_crossentropy", metrics=metrics(ckeras))
+    ht = theirs.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    hm = mine.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+    for key in ("loss", "auc", "wauc"):
+        np.testing.assert_allclose(hm[key], ht[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+def test_multi_label_auc_needs_rank_two_predictions():
+    with pytest.raises(ValueError, match="rank 2"):
+        ckeras.metrics.AUC(multi_label=True).update_state(np.zeros((4, 2, 2)), np.zeros((4, 2, 2)))
+    with pytest.raises(ValueError, match="only when multi_label"):
+        ckeras.metrics.AUC(num_labels=3)

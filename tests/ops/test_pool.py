@@ -545,3 +545,24 @@ def test_overlapping_max_pool_gradient_in_plane_chunks_matches_caffe(monkeypatch
     g = r(*y.shape)
     got = P.max_pool_grad.bind(np, attrs)(x, g, *([y] if pooled else []))
     np.testing.assert_allclose(got, ref_max_pool_grad(x, g, **attrs), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(64, 16, 26, 26), (64, 32, 11, 11), (3, 4, 7, 9)])
+def test_two_by_two_pooling_and_gradient_equal_torch_on_relu_maps(shape):
+    """The Keras CNN's poolings (exact and floor-mode 2x2 over ReLU maps, many tied zeros) and their
+    gradients, with g as the strided view the channels-last graph hands over, equal PyTorch's exactly."""
+    torch = pytest.importorskip("torch")
+    gen = np.random.default_rng(1)
+    x = np.maximum(gen.standard_normal(shape), 0).astype(np.float32)
+    x[0, 0, :2, :2] = [[1, 2], [2, 1]]                      # a tie across rows: the top one wins
+    attrs = dict(kernel=(2, 2), stride=(2, 2), pad=(0,), ceil_mode=False)
+    y = P.max_pool.bind(np, dict(attrs, return_mask=False))(x)
+    g = gen.standard_normal(y.shape).astype(np.float32)
+    strided_g = np.ascontiguousarray(g.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    grad = P.max_pool_grad.bind(np, attrs)
+    tx = torch.from_numpy(x).requires_grad_()
+    ty = torch.nn.functional.max_pool2d(tx, 2)
+    ty.backward(torch.from_numpy(g))
+    np.testing.assert_array_equal(y, ty.detach().numpy())
+    np.testing.assert_array_equal(grad(x, strided_g, y), tx.grad.numpy())
+    np.testing.assert_array_equal(grad(x, g), tx.grad.numpy())

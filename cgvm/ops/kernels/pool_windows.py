@@ -184,7 +184,7 @@ def separable_pool(xp: Any, x: Any, geo: PoolGeometry, out_sizes: Tuple[int, ...
     """
     in_sizes = tuple(x.shape[2:])
     if len(in_sizes) == 2 and tiled.tiles(geo, in_sizes):   # floor mode drops an untiled rest
-        return tiled.pool_2d(xp, tiled.cropped(xp, x, geo), geo, target, combine)
+        return tiled.pool_2d(xp, x, geo, target, combine)
     planes = x.reshape((-1,) + in_sizes)
     result = target if target.flags.c_contiguous else xp.empty(target.shape, dtype=target.dtype)
     flat_out = result.reshape((-1,) + out_sizes)
