@@ -310,7 +310,12 @@ def test_truncated_legacy_h5(legacy, tmp_path, fresh_workspace, cut):
 
 def test_hdf5_read_past_its_time_is_an_error_not_a_hang(legacy, fresh_workspace, monkeypatch):
     """A read libhdf5 never finishes is cut off by the worker's timeout (here made tiny to force it)."""
+    import cgvm.guard
+
     monkeypatch.setenv("CGVM_READ_TIMEOUT", "0.000001")
+    # the deadline also grants size / rate, which for this small file is about a millisecond: time
+    # enough for a worker already running to answer, so the rate is made endless here
+    monkeypatch.setattr(cgvm.guard, "_BYTES_PER_SECOND", float("inf"))
     failed_load(legacy, "gave no answer", fresh_workspace)
     monkeypatch.setenv("CGVM_READ_TIMEOUT", "soon")
     with pytest.raises(KerasConfigError, match="CGVM_READ_TIMEOUT"):
