@@ -19,6 +19,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ...backend import cudnn
 from ...ir.types import TensorType
 from . import conv_batchlast as batch_last
 from . import conv_winograd as winograd
@@ -151,6 +152,8 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
     g = geo.groups
     og = o // g
     out_sizes = geo.out_sizes(x.shape[2:], ksize)
+    if cudnn.choose(xp, x.dtype, geo.nsp, geo.pads).path == "cudnn":
+        return cudnn.forward(xp, x, w, b, (n, o) + out_sizes, geo.nsp, geo.pads, geo.stride, geo.dilation, g, out)
     length = dims_product(out_sizes)
     target = out if out is not None and out.flags.c_contiguous else xp.empty((n, o) + out_sizes, dtype=x.dtype)
     methods = forward_methods(x.shape, w.shape, x.dtype, geo)
@@ -240,6 +243,8 @@ def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: C
     n, o = g.shape[:2]
     in_sizes = tuple(in_sizes)
     shape = (n, w.shape[1] * geo.groups) + in_sizes
+    if cudnn.choose(xp, g.dtype, geo.nsp, geo.pads).path == "cudnn":
+        return cudnn.backward_data(xp, g, w, shape, geo.nsp, geo.pads, geo.stride, geo.dilation, geo.groups, out)
     target = out if out is not None and out.flags.c_contiguous else xp.empty(shape, dtype=g.dtype)
     out_sizes = tuple(g.shape[2:])
     cg = w.shape[1]
@@ -323,6 +328,9 @@ def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: Con
     groups = geo.groups
     og = o // groups
     ksize = tuple(ksize)
+    if cudnn.choose(xp, x.dtype, geo.nsp, geo.pads).path == "cudnn":
+        return cudnn.backward_filter(xp, x, g, (o, c // groups) + ksize, geo.nsp, geo.pads, geo.stride,
+                                     geo.dilation, groups, out)
     target = out if out is not None and out.flags.c_contiguous else \
         xp.empty((o, c // groups) + ksize, dtype=x.dtype)
     if batch_last.batch_last_pays(x.shape, g.shape[2:], "weight"):
