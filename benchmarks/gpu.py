@@ -167,7 +167,7 @@ def _train_row(cp: Any, torch: Optional[Any], name: str, net: Any, logits_of_tor
         params = [tw[p.name] for p in net.params]
         tstep = gpu_torch.sgd_step(torch, logits_of_torch(tw), params, lr)
         tx, ty = torch.from_dlpack(x).clone(), torch.from_dlpack(y).clone()
-        _agree(row, float(step(x, y)), float(tstep(tx, ty)), 1e-3)    # the first steps' losses
+        _agree(row, float(step(x, y)), float(tstep(tx, ty).detach()), 1e-3)    # the first steps' losses
         row.impls["torch"] = lambda: tstep(tx, ty)
     _count_copies(row, lambda: step(x, y))
     return row

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on a machine WITH network access, before scripts/gpu_check.sh runs on the GPU machine (which has
 # none): downloads wheels for CPython 3.12 of scripts/gpu_requirements.txt (cgvm's core and pytest, a few
-# MB) and, unless --core, scripts/gpu_requirements_peers.txt (test extras and peers, ~150 MB), with
+# MB) and, unless --core, scripts/gpu_requirements_peers.txt (test extras and peers, ~190 MB), with
 # their dependencies, into a folder (./wheels by default; git ignores it) that travels with the checkout.
 #
 #   scripts/gpu_wheels.sh [--core] [WHEEL_DIR]

@@ -311,3 +311,36 @@ def test_gpu_flag_without_cupy_gives_the_install_commands(capsys):
     assert main(["time", "--model", model, "--gpu", "1"]) == 2
     err = capsys.readouterr().err
     assert "--gpu needs the CuPy backend" in err and "cgvm[gpu-cuda13]" in err and "cgvm[gpu]" in err
+
+
+# --------------------------------------------------------------------------- the device's im2col (no cuDNN)
+
+@pytest.mark.parametrize("budget", [256 << 20, 2048])   # whole batch at once; a few samples (or rows) a GEMM
+@pytest.mark.parametrize("shape,wshape,attrs", [
+    ((4, 6, 10, 9), (8, 6, 3, 3), dict(pad=(1,))),                        # Winograd's case on the CPU
+    ((3, 4, 7, 7), (6, 2, 3, 3), dict(stride=(2,), pad=(1,), groups=2)),
+    ((2, 8, 6, 6), (5, 8, 1, 1), {}),                                       # pointwise
+    ((2, 3, 13), (4, 3, 5), dict(dilation=(2,), pad=(0, 3))),
+])
+def test_device_im2col_path_matches_the_cpu_kernels(monkeypatch, shape, wshape, attrs, budget):
+    from cgvm.ops.kernels import conv_im2col
+
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal(shape).astype(np.float32), rng.standard_normal(wshape).astype(np.float32)
+    b = rng.standard_normal(wshape[0]).astype(np.float32)
+    want = _conv_and_grads(x, w, b, **attrs)
+    methods = []
+    pick = conv_im2col.forward_methods
+
+    def recording(*args, **kwargs):
+        found = pick(*args, **kwargs)
+        if (args[4:5] or [kwargs.get("device")])[0]:      # the kernel's call, not the planner's
+            methods.extend(found)
+        return found
+    monkeypatch.setattr(conv_im2col, "on_device", lambda xp: True)   # NumPy runs the device's choices
+    monkeypatch.setattr(conv_im2col, "DEVICE_COLUMN_BUDGET_BYTES", budget)
+    monkeypatch.setattr(conv_im2col, "forward_methods", recording)
+    got = _conv_and_grads(x, w, b, **attrs)
+    assert methods and {m for m, _ in methods} <= {"im2col", "pointwise"}
+    for g, e, what in zip(got, want, ("y", "dx", "dw", "db")):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4, err_msg=what)
