@@ -57,15 +57,19 @@ def library(xp: Any) -> Tuple[Optional[Any], str]:
     if not _is_cupy(xp):
         return None, "the NumPy backend has no cuDNN"
     if "lib" not in _library_cache:
-        lib, why = None, ""
-        for module in ("cupyx.cudnn", "cupy.cudnn"):
+        lib, reasons = None, []
+        for module in ("cupyx.cudnn", "cupy.cudnn"):   # CuPy 11-13, then older CuPy
             try:
                 lib = __import__(module, fromlist=["convolution_forward"])
                 if hasattr(lib, "convolution_forward"):
                     break
-                lib, why = None, f"{module} has no convolution_forward"
+                lib = None
+                reasons.append(f"{module} has no convolution_forward")
             except Exception as exc:  # ImportError, or cuDNN's shared library failing to load
-                why = f"CuPy's cuDNN binding is not usable ({type(exc).__name__}: {exc})"
+                reasons.append(f"{type(exc).__name__}: {exc}")
+        version = getattr(xp, "__version__", "?")
+        why = "" if lib is not None else (f"CuPy {version} has no usable cuDNN binding (CuPy 14 dropped it; "
+                                          f"CuPy 13 needs the cuDNN library): {reasons[0]}")
         _library_cache["lib"] = (lib, why)
     return _library_cache["lib"]
 

@@ -315,7 +315,7 @@ def test_gpu_flag_without_cupy_gives_the_install_commands(capsys):
 
 # --------------------------------------------------------------------------- the device's im2col (no cuDNN)
 
-@pytest.mark.parametrize("budget", [256 << 20, 2048])   # whole batch at once; a few samples (or rows) a GEMM
+@pytest.mark.parametrize("budget", [64 << 20, 2048])   # whole batch at once; a few samples (or rows) a GEMM
 @pytest.mark.parametrize("shape,wshape,attrs", [
     ((4, 6, 10, 9), (8, 6, 3, 3), dict(pad=(1,))),                        # Winograd's case on the CPU
     ((3, 4, 7, 7), (6, 2, 3, 3), dict(stride=(2,), pad=(1,), groups=2)),
