@@ -366,8 +366,9 @@ def device_line(cp: Any, torch: Optional[Any]) -> str:
     from cgvm.backend import cudnn
 
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     conv = cudnn.choose(cp, np.float32, 2, ((1, 1), (1, 1)))
-    parts = [f"GPU {props['name'].decode()} ({props['totalGlobalMem'] / 2 ** 30:.0f} GiB)",
+    parts = [f"GPU {name} ({props['totalGlobalMem'] / 2 ** 30:.0f} GiB)",
              f"CuPy {cp.__version__} (CUDA runtime {cp.cuda.runtime.runtimeGetVersion()})",
              "convolutions: cuDNN" if conv.path == "cudnn" else f"convolutions: im2col+GEMM ({conv.reason})"]
     if torch is not None:

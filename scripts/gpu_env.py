@@ -105,7 +105,8 @@ def check_cupy() -> Tuple[Dict[str, Any], Dict[str, Any]]:
     try:
         count = cupy.cuda.runtime.getDeviceCount()
         runtime = cupy.cuda.runtime.runtimeGetVersion()
-        names = [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode() for i in range(count)]
+        names = [cupy.cuda.runtime.getDeviceProperties(i)["name"] for i in range(count)]
+        names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
         cupy_row = {"name": "cupy", "status": "present" if count else "missing",
                     "detail": f"{cupy.__version__}, CUDA runtime {runtime}, {count} device(s): {', '.join(names)}"}
     except Exception as exc:
