@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -46,6 +46,11 @@ def require_gpu() -> Any:
     import cupy
 
     return cupy
+
+
+def gpu_workspaces_by_default() -> None:
+    """New Workspaces (the benchmark nets', the reused builders') go on the GPU."""
+    os.environ["CGVM_BACKEND"] = "cupy"
 
 
 def torch_cuda() -> Optional[Any]:
@@ -379,14 +384,16 @@ def device_line(cp: Any, torch: Optional[Any]) -> str:
     return "; ".join(parts)
 
 
-def plan(cp: Any, torch: Optional[Any]) -> List[Callable[[], List[GpuRow]]]:
+def plan(cp: Any, torch: Optional[Any]) -> List[Tuple[str, Callable[[], List[GpuRow]]]]:
+    """(label, build) of each row group, in the order they run (cheapest first)."""
     from . import gpu_torch, nets
 
-    return [lambda: [chain_row(cp, torch)], lambda: [mlp_row(cp, torch)], lambda: [lenet_row(cp, torch)],
-            lambda: rnn_rows(cp, torch),
-            lambda: [forward_row(cp, torch, "AlexNet", nets.alexnet, gpu_torch.alexnet, 128, 10)],
-            lambda: [forward_row(cp, torch, "ResNet-50", nets.resnet50, gpu_torch.resnet50, 64, 5)],
-            lambda: [resnet50_train_row(cp, torch)]]
+    return [("elementwise chain", lambda: [chain_row(cp, torch)]), ("MLP", lambda: [mlp_row(cp, torch)]),
+            ("LeNet training", lambda: [lenet_row(cp, torch)]), ("RNN scan", lambda: rnn_rows(cp, torch)),
+            ("AlexNet forward", lambda: [forward_row(cp, torch, "AlexNet", nets.alexnet, gpu_torch.alexnet, 128, 10)]),
+            ("ResNet-50 forward", lambda: [forward_row(cp, torch, "ResNet-50", nets.resnet50, gpu_torch.resnet50,
+                                                       64, 5)]),
+            ("ResNet-50 training", lambda: [resnet50_train_row(cp, torch)])]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -394,7 +401,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--out", help="write the Markdown tables here")
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--budget", type=float, default=600.0, help="start no row after this many seconds")
-    ap.add_argument("--only", default=None, help="only rows whose name contains this text")
+    ap.add_argument("--only", default=None, help="only the row groups whose label contains this text "
+                    "(elementwise chain, MLP, LeNet training, RNN scan, AlexNet forward, ResNet-50 forward, "
+                    "ResNet-50 training)")
     ap.add_argument("--no-memory", action="store_true", help="skip the device memory rows")
     args = ap.parse_args(argv)
     try:
@@ -402,7 +411,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except NoGPU as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    os.environ["CGVM_BACKEND"] = "cupy"        # the benchmark nets' workspaces go on the GPU
+    gpu_workspaces_by_default()
     torch = torch_cuda()
     start = time.perf_counter()
     header = device_line(cp, torch)
@@ -414,23 +423,23 @@ def main(argv: Optional[List[str]] = None) -> int:
             torch.cuda.synchronize()
     done: List[GpuRow] = []
     skipped: List[str] = []
-    for make in plan(cp, torch):
+    for label, make in plan(cp, torch):
+        if args.only and args.only not in label:
+            continue
         if time.perf_counter() - start > args.budget:
-            skipped.append("a row group (out of time)")
+            skipped.append(f"{label} (out of time)")
             continue
         try:
             rows = make()
         except Exception as exc:  # a row that cannot be built is reported, the others still run
-            skipped.append(f"{type(exc).__name__}: {exc}"[:300])
+            skipped.append(f"{label}: {type(exc).__name__}: {exc}"[:300])
             continue
         for row in rows:
-            if args.only and args.only not in row.name:
-                continue
             measure(row, sync)
             done.append(row)
             print(f"done: {row.name} ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     mem: List[Dict[str, Any]] = []
-    if not args.no_memory and time.perf_counter() - start <= args.budget:
+    if not args.no_memory and not args.only and time.perf_counter() - start <= args.budget:
         try:
             mem = memory_rows(cp)
         except Exception as exc:

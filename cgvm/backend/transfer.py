@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 #: the alignment of each plan buffer in an arena (cudaMalloc's, and enough for cuBLAS/cuDNN vector loads)
 ARENA_ALIGN = 256

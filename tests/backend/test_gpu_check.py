@@ -12,7 +12,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import gpu_env  # noqa: E402
-import gpu_summary  # noqa: E402
 
 from cgvm.backend import available_backends  # noqa: E402
 
