@@ -8,6 +8,7 @@ float32 subnormals and make every timing meaningless). ``inference(net)`` and
 * ``resnet18``: ResNet-18 shaped (He et al. 2016): 7x7/2 stem, 3x3/2 max pool, four stages of
   two basic blocks (64-128-256-512 channels, 1x1/2 projection shortcuts), global average pool,
   fully connected. Batch normalization uses batch statistics when training.
+* ``resnet50``: ResNet-50 (bottleneck blocks, torchvision's layout), for the GPU rows.
 * ``alexnet``: AlexNet shaped as BVLC's Caffe model (grouped conv2/4/5, LRN, dropout in training).
 * ``dense_chain``: ``n`` blocks of tanh(x W + b), the deep chain of the recomputation rows.
 """
@@ -111,6 +112,39 @@ def resnet18(batch: Optional[int] = 16, image: int = 224, classes: int = 1000, *
     return Net("ResNet-18", x, y, logits, b.params, b.ws, classes, b.seeds)
 
 
+def resnet50(batch: Optional[int] = 16, image: int = 224, classes: int = 1000, *, train: bool = False,
+             seed: int = 0) -> Net:
+    """ResNet-50 (torchvision's v1.5: the stride on each stage's first 3x3): bottleneck blocks
+    1x1-3x3-1x1 with 4x expansion, stages of 3, 4, 6, 3 blocks (64-128-256-512 wide)."""
+    b = _Builder(seed)
+    x = input_value(TensorType((batch, 3, image, image)), "x")
+    y = input_value(TensorType((batch,), "int64"), "y")
+    h = EM.relu(b.bn("bn1", b.conv("conv1", x, 3, 64, 7, 2, 3, bias=False), 64, train))
+    h = P.max_pool(h, kernel=(3,), stride=(2,), pad=(1,))
+    cin = 64
+    for stage, (width, blocks) in enumerate(zip((64, 128, 256, 512), RESNET50_BLOCKS)):
+        cout = 4 * width
+        for block in range(blocks):
+            stride = 2 if stage > 0 and block == 0 else 1
+            name = f"layer{stage + 1}.{block}"
+            r = EM.relu(b.bn(f"{name}.bn1", b.conv(f"{name}.conv1", h, cin, width, 1, bias=False), width, train))
+            r = EM.relu(b.bn(f"{name}.bn2", b.conv(f"{name}.conv2", r, width, width, 3, stride, 1, bias=False),
+                             width, train))
+            r = b.bn(f"{name}.bn3", b.conv(f"{name}.conv3", r, width, cout, 1, bias=False), cout, train)
+            if stride != 1 or cin != cout:
+                h = b.bn(f"{name}.down.bn", b.conv(f"{name}.down", h, cin, cout, 1, stride, 0, bias=False),
+                         cout, train)
+            h = EM.relu(E.add(r, h))
+            cin = cout
+    h = S.reshape(P.global_avg_pool(h), shape=(-1, 2048))
+    logits = b.fc("fc", h, 2048, classes)
+    return Net("ResNet-50", x, y, logits, b.params, b.ws, classes, b.seeds)
+
+
+#: blocks per stage of ResNet-50
+RESNET50_BLOCKS = (3, 4, 6, 3)
+
+
 def alexnet(batch: Optional[int] = 16, classes: int = 1000, *, train: bool = False, seed: int = 0) -> Net:
     b = _Builder(seed)
     x = input_value(TensorType((batch, 3, 227, 227)), "x")
@@ -179,5 +213,5 @@ def weight_bytes(net: Net) -> int:
     return int(sum(net.workspace[p.name].nbytes for p in net.params))
 
 
-__all__ = ["Net", "resnet18", "alexnet", "dense_chain", "inference", "train_step", "batch", "loss_of",
+__all__ = ["Net", "resnet18", "resnet50", "alexnet", "dense_chain", "inference", "train_step", "batch", "loss_of",
            "weight_bytes"]

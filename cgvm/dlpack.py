@@ -34,6 +34,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import numpy as np
 
 from .backend.base import Backend, get_backend
+from .backend.transfer import COUNTS
 from .errors import CgvmError
 
 __all__ = ["DLDeviceType", "DLPackCopyError", "CapsuleInfo", "Tensor", "capsule_info", "from_dlpack"]
@@ -336,6 +337,7 @@ def _import_cupy(x: Any, src: Tuple[Any, int], copy: Optional[bool], cp: Any, wa
         raise DLPackCopyError(f"a {src[0]!r} tensor into the CuPy backend needs a host-to-device copy, "
                               "which copy=False forbids")
     host = _import_host(x, src, None)
+    COUNTS.host_to_device(host.nbytes)
     if want_id is None:
         return cp.asarray(host)
     with cp.cuda.Device(want_id):
@@ -400,7 +402,10 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """The data as a NumPy array: the backing array itself on the CPU, a host copy from CuPy."""
         arr = self._array
-        return arr.get() if _is_cupy_array(arr) else arr
+        if not _is_cupy_array(arr):
+            return arr
+        COUNTS.device_to_host(arr.nbytes)
+        return arr.get()
 
     def __array__(self, dtype: Any = None, copy: Optional[bool] = None) -> np.ndarray:
         arr = self._array
@@ -408,6 +413,7 @@ class Tensor:
             return np.array(arr, dtype=dtype, copy=copy)
         if copy is False:
             raise ValueError("a CuPy-backed cgvm.Tensor reaches NumPy only through a device-to-host copy")
+        COUNTS.device_to_host(arr.nbytes)
         host = arr.get()
         return host if dtype is None else host.astype(dtype, copy=False)
 

@@ -30,6 +30,11 @@ class Backend(ABC):
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
 
+    def plan_buffers(self, sizes: Any) -> Optional[list]:
+        """The buffers of a memory plan (``sizes`` in bytes) as uint8 arrays, or None: the VM then
+        allocates each on its own (the CPU's way). CuPy takes one arena (cgvm.backend.transfer)."""
+        return None
+
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
 
@@ -38,7 +43,14 @@ _BACKENDS: Dict[str, Backend] = {}
 
 
 def host_array(x: Any) -> np.ndarray:
-    """``x`` as a NumPy array, copied off the device when it lives on one (a CuPy array), else as is."""
+    """``x`` as a NumPy array, copied off the device when it lives on one (a CuPy array), else as is.
+    Counted in cgvm.backend.transfer.COUNTS (a device-to-host copy, or a host read)."""
+    from .transfer import COUNTS
+
+    COUNTS.host_read()
+    if hasattr(x, "get") and hasattr(x, "__cuda_array_interface__"):
+        COUNTS.device_to_host(x.nbytes)
+        return np.asarray(x.get())
     return np.asarray(x.get() if hasattr(x, "get") else x)
 
 

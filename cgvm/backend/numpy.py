@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 
 from .base import Backend
+from .transfer import COUNTS
 
 
 class NumpyBackend(Backend):
@@ -24,4 +25,5 @@ class NumpyBackend(Backend):
         return np.asarray(x, dtype=dtype)
 
     def to_numpy(self, x: Any) -> np.ndarray:
+        COUNTS.host_read()   # no copy here; counted so CPU tests check what a GPU step must not do
         return np.asarray(x)

@@ -233,6 +233,11 @@ _group: Any = None
 _hooks_installed = False
 
 
+def default_device() -> str:
+    """"gpu" where CGVM_BACKEND names the GPU backend (any of its spellings: cupy, gpu, cuda), else "cpu"."""
+    return "gpu" if os.environ.get("CGVM_BACKEND", "").strip().lower() in ("cupy", "gpu", "cuda") else "cpu"
+
+
 def init(*, device: Optional[str] = None, require: bool = False) -> Any:
     """The process group of this run, initialising MPI on first use when a launcher started us.
 
@@ -243,7 +248,7 @@ def init(*, device: Optional[str] = None, require: bool = False) -> Any:
     """
     global _group
     if device is None:
-        device = "gpu" if os.environ.get("CGVM_BACKEND", "").lower() == "cupy" else "cpu"
+        device = default_device()
     if device not in ("cpu", "gpu"):
         raise DistributedError(f"device must be 'cpu' or 'gpu', got {device!r}")
     if _group is not None and (device == "cpu" or _group.device == device):

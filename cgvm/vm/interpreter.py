@@ -119,7 +119,10 @@ class Executable:
         if plan is not None:
             xp = self.backend.xp
             check_bytes(int(sum(plan.storage_bytes)), f"{prog.name}: the memory plan ({len(plan.storage_bytes)} buffers)")
-            buffers = [aligned_empty(xp, (max(b, 1),), xp.uint8) for b in plan.storage_bytes]
+            # CuPy: one arena from its memory pool; NumPy: a buffer each (page faults stay per buffer)
+            buffers = self.backend.plan_buffers(plan.storage_bytes)
+            if buffers is None:
+                buffers = [aligned_empty(xp, (max(b, 1),), xp.uint8) for b in plan.storage_bytes]
             for s, sid in enumerate(plan.storage):
                 if sid is not None and s not in plan.aliases:
                     t = types[s]

@@ -21,8 +21,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=repr)
-def test_detection_case(case):
-    check_case(case)
+def test_detection_case(case, backend):
+    check_case(case, backend)
 
 
 # --------------------------------------------------------------------------- ONNX NonMaxSuppression

@@ -51,18 +51,26 @@ def _backend(args: argparse.Namespace) -> str:
     from cgvm.backend import get_backend
 
     try:
+        ids = [int(d) for d in str(args.gpu).split(",") if d.strip() not in ("", "all")] or [0]
+    except ValueError:
+        raise CgvmError(f"--gpu takes a device id or a comma-separated list of ids (0, 1, ...), "
+                        f"got {args.gpu!r}") from None
+    try:
         get_backend("cupy")
-        import cupy
+        from cgvm.backend.cupy import use_device
 
-        ids = [int(d) for d in str(args.gpu).split(",") if d not in ("", "all")] or [0]
         if len(ids) > 1:
             print(f"cgvm: multi-GPU training is not supported; using GPU {ids[0]}", file=sys.stderr)
-        cupy.cuda.Device(ids[0]).use()
+        use_device(ids[0], "--gpu")
     except BackendUnavailable as exc:
         raise CgvmError(f"--gpu needs the CuPy backend: {exc}") from exc
-    except Exception as exc:  # CuPy missing, or present without a driver/device
+    except CgvmError:
+        raise
+    except Exception as exc:  # CuPy present without a working driver/device
+        from cgvm.backend.cupy import INSTALL_HINT
+
         raise CgvmError(f"--gpu needs CuPy and a CUDA device ({type(exc).__name__}: {exc}); "
-                        "install cgvm[gpu] on a machine with a GPU, or drop --gpu") from exc
+                        f"{INSTALL_HINT}, or drop --gpu") from exc
     from cgvm.frontends.caffe import pycaffe
 
     pycaffe._mode["backend"] = "cupy"

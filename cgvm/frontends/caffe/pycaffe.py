@@ -42,6 +42,9 @@ def set_mode_gpu() -> None:
         raise
     except Exception as exc:  # an import or driver failure inside CuPy
         raise BackendUnavailable(f"set_mode_gpu needs CuPy and a CUDA device: {exc}") from exc
+    from cgvm.backend.cupy import use_device
+
+    use_device(_mode["device"], "caffe.set_device")   # set_device may come before set_mode_gpu
     _mode["backend"] = "cupy"
 
 
@@ -49,9 +52,9 @@ def set_device(device_id: int) -> None:
     """The CUDA device for GPU mode (CuPy's current device)."""
     _mode["device"] = int(device_id)
     if _mode["backend"] == "cupy":
-        import cupy
+        from cgvm.backend.cupy import use_device
 
-        cupy.cuda.Device(int(device_id)).use()
+        use_device(int(device_id), "caffe.set_device")
 
 
 def set_random_seed(seed: int) -> None:

@@ -19,6 +19,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ...backend import cudnn
 from ...ir.types import TensorType
 from . import conv_batchlast as batch_last
 from . import conv_winograd as winograd
@@ -26,14 +27,23 @@ from ..conv_geometry import ConvGeometry, bias_shape, crop_padding, dims_product
 from .scratch import Layout, layout_bytes, take
 
 
+def on_device(xp: Any) -> bool:
+    """Whether ``xp`` is a device array module (CuPy): the kernels then take the device's methods
+    (module doc), else the CPU's cache-sized ones."""
+    return getattr(xp, "__name__", "numpy") != "numpy"
+
+
 def _grouped_matmul(xp: Any, a: Any, b: Any, out: Optional[Any] = None) -> Any:
     """a (G, M, K) @ b (N, G, K, L) -> (N, G, M, L), one GEMM per (sample, group).
 
     NumPy's matmul sends an operand broadcast along the batch (stride 0) through its non-BLAS
-    loop, 20-50x slower than GEMM; a loop of GEMMs needs no broadcast copy of the weights.
+    loop, 20-50x slower than GEMM; a loop of GEMMs needs no broadcast copy of the weights. On a
+    device the broadcast product is one batched GEMM (cuBLAS), where a loop would launch N·G.
     """
     if out is None:
         out = xp.empty((b.shape[0], a.shape[0], a.shape[1], b.shape[3]), dtype=xp.result_type(a, b))
+    if on_device(xp):
+        return xp.matmul(a, b, out=out)
     for i in range(b.shape[0]):
         for j in range(a.shape[0]):
             xp.matmul(a[j], b[i, j], out=out[i, j])
@@ -49,33 +59,43 @@ BIAS_ROW_BELOW = 128
 # in a core's L2 cache, and a small buffer reused across chunks avoids the page faults that a
 # fresh batch-sized buffer costs on every call (they dominated the run time when measured).
 COLUMN_BUDGET_BYTES = 1 << 20
+#: on a device there is no cache to fit and each launch costs microseconds: columns of many samples
+#: at once, from the memory pool (the plan's CPU-sized scratch is then too small and not used); 64 MiB
+#: keeps ResNet-50's largest columns to a few chunks a batch without raising the memory peak much
+DEVICE_COLUMN_BUDGET_BYTES = 64 << 20
 
 
-def sample_chunks(n: int, bytes_per_sample: int) -> List[Tuple[int, int]]:
-    """[start, stop) ranges over the batch, each holding about COLUMN_BUDGET_BYTES of columns."""
-    size = max(1, COLUMN_BUDGET_BYTES // max(bytes_per_sample, 1))
+def _budget(device: bool) -> int:
+    return DEVICE_COLUMN_BUDGET_BYTES if device else COLUMN_BUDGET_BYTES
+
+
+def sample_chunks(n: int, bytes_per_sample: int, device: bool = False) -> List[Tuple[int, int]]:
+    """[start, stop) ranges over the batch, each holding about COLUMN_BUDGET_BYTES of columns
+    (DEVICE_COLUMN_BUDGET_BYTES on a device)."""
+    size = max(1, _budget(device) // max(bytes_per_sample, 1))
     return [(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def _band_rows(out_sizes: Sequence[int], per_sample_bytes: int) -> int:
+def _band_rows(out_sizes: Sequence[int], per_sample_bytes: int, device: bool = False) -> int:
     """Output rows (along the first spatial axis) whose im2col columns are built and multiplied at
     a time: all of a sample's, unless its columns exceed COLUMN_BUDGET_BYTES (ResNet's 7x7 stem on
     224x224 images: 7.4 MB a sample), then a band of rows whose columns stay in cache."""
-    if not out_sizes or per_sample_bytes <= COLUMN_BUDGET_BYTES:
+    budget = _budget(device)
+    if not out_sizes or per_sample_bytes <= budget:
         return out_sizes[0] if out_sizes else 1
     per_row = per_sample_bytes // out_sizes[0]
-    return max(1, min(out_sizes[0], COLUMN_BUDGET_BYTES // max(per_row, 1)))
+    return max(1, min(out_sizes[0], budget // max(per_row, 1)))
 
 
 def _chunk_windows(xp: Any, x: Any, padded: Optional[Any], ksize: Sequence[int], out_sizes: Sequence[int],
-                   geo: ConvGeometry, elements_per_sample: int):
+                   geo: ConvGeometry, elements_per_sample: int, device: bool = False):
     """``(start, stop, windows)`` for each chunk of samples (sample_chunks of that many column
     elements per sample): the strided window view of the chunk, copied first into the interior of
     ``padded`` (a chunk-sized buffer whose borders are zeroed once) when the convolution pads."""
     if padded is not None:
         padded[...] = 0
         interior = crop_padding(padded, geo.pads, x.shape[2:])
-    for start, stop in sample_chunks(x.shape[0], elements_per_sample * x.dtype.itemsize):
+    for start, stop in sample_chunks(x.shape[0], elements_per_sample * x.dtype.itemsize, device):
         source = x[start:stop]
         if padded is not None:
             interior[:stop - start] = source
@@ -83,14 +103,17 @@ def _chunk_windows(xp: Any, x: Any, padded: Optional[Any], ksize: Sequence[int],
         yield start, stop, windows(xp, source, ksize, out_sizes, geo)
 
 
-def forward_methods(x_shape: Sequence[int], w_shape: Sequence[int], dtype: Any, geo: ConvGeometry
-                    ) -> List[Tuple[str, int]]:
+def forward_methods(x_shape: Sequence[int], w_shape: Sequence[int], dtype: Any, geo: ConvGeometry,
+                    device: bool = False) -> List[Tuple[str, int]]:
     """The methods conv_forward can use for this convolution, fastest first: ("winograd", tile side)
     for 3x3 stride-1 2-D convolutions in float32/64 with one group where conv_winograd.choose_tile
-    says it pays, then one of ("batch_last" | "pointwise" | "im2col", 0)."""
+    says it pays, then one of ("batch_last" | "pointwise" | "im2col", 0). On a device (without
+    cuDNN): pointwise or im2col only, whose batched GEMMs suit it (the others' choices are the CPU's)."""
     ksize = tuple(w_shape[2:])
     out_sizes = geo.out_sizes(x_shape[2:], ksize)
     dtype = np.dtype(dtype)
+    if device:
+        return [("pointwise", 0)] if is_pointwise(ksize, geo) else [("im2col", 0)]
     methods: List[Tuple[str, int]] = []
     if (geo.nsp == 2 and ksize == (3, 3) and geo.groups == 1 and geo.stride == (1, 1) and geo.dilation == (1, 1)
             and dtype.kind == "f" and dtype.itemsize in (4, 8)):
@@ -107,7 +130,7 @@ def forward_methods(x_shape: Sequence[int], w_shape: Sequence[int], dtype: Any, 
 
 
 def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], has_bias: bool, dtype: Any,
-                   geo: ConvGeometry, method: Tuple[str, int]) -> Layout:
+                   geo: ConvGeometry, method: Tuple[str, int], device: bool = False) -> Layout:
     """The temporaries conv_forward takes (cgvm.ops.kernels.scratch) for these operands by ``method``."""
     kind, tile = method
     out_sizes = geo.out_sizes(x_shape[2:], w_shape[2:])
@@ -127,8 +150,8 @@ def forward_layout(x_shape: Sequence[int], w_shape: Sequence[int], has_bias: boo
     bias_row = has_bias and rows < BIAS_ROW_BELOW
     rows += bias_row
     per_sample = g * rows * length * np.dtype(dtype).itemsize
-    chunk = sample_chunks(n, per_sample)[0][1]
-    span = _band_rows(out_sizes, per_sample) * dims_product(out_sizes[1:])   # columns per GEMM
+    chunk = sample_chunks(n, per_sample, device)[0][1]
+    span = _band_rows(out_sizes, per_sample, device) * dims_product(out_sizes[1:])   # columns per GEMM
     layout: Layout = [("cols", (chunk, g, rows, span), dtype)]
     if any(b or e for b, e in geo.pads):
         layout.append(("padded", (chunk, c) + tuple(s + b + e for s, (b, e) in zip(x_shape[2:], geo.pads)), dtype))
@@ -151,10 +174,13 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
     g = geo.groups
     og = o // g
     out_sizes = geo.out_sizes(x.shape[2:], ksize)
+    if cudnn.choose(xp, x.dtype, geo.nsp, geo.pads).path == "cudnn":
+        return cudnn.forward(xp, x, w, b, (n, o) + out_sizes, geo.nsp, geo.pads, geo.stride, geo.dilation, g, out)
     length = dims_product(out_sizes)
     target = out if out is not None and out.flags.c_contiguous else xp.empty((n, o) + out_sizes, dtype=x.dtype)
-    methods = forward_methods(x.shape, w.shape, x.dtype, geo)
-    layouts = [forward_layout(x.shape, w.shape, b is not None, x.dtype, geo, m) for m in methods]
+    device = on_device(xp)
+    methods = forward_methods(x.shape, w.shape, x.dtype, geo, device)
+    layouts = [forward_layout(x.shape, w.shape, b is not None, x.dtype, geo, m, device) for m in methods]
     pick = 0 if scratch is None else next((i for i, lay in enumerate(layouts) if layout_bytes(lay) <= scratch.nbytes), 0)
     (kind, tile), temps = methods[pick], take(xp, scratch, layouts[pick])
     results = target.reshape(n, g, og, length)
@@ -181,7 +207,7 @@ def conv_forward(xp: Any, x: Any, w: Any, b: Optional[Any], geo: ConvGeometry, o
             wb[:, :, kc] = b.reshape(g, og)
             wmat, b = wb, None
         flat = cols.reshape(-1)
-        for start, stop, view in _chunk_windows(xp, x, padded, ksize, out_sizes, geo, g * rows * length):
+        for start, stop, view in _chunk_windows(xp, x, padded, ksize, out_sizes, geo, g * rows * length, device):
             m = stop - start
             for r0 in range(0, out_sizes[0], band):
                 r1 = min(out_sizes[0], r0 + band)
@@ -217,16 +243,16 @@ def _has_padding(geo: ConvGeometry) -> bool:
 
 
 def backward_input_layout(g_shape: Sequence[int], w_shape: Sequence[int], in_sizes: Sequence[int], dtype: Any,
-                          geo: ConvGeometry) -> Layout:
+                          geo: ConvGeometry, device: bool = False) -> Layout:
     """The temporaries of conv_backward_input's im2col path (none for the others): the columns and
     the padded accumulator of one chunk of samples."""
     n, o = g_shape[:2]
     cg, ksize, out_sizes = w_shape[1], tuple(w_shape[2:]), tuple(g_shape[2:])
-    if (batch_last.batch_last_pays((n, cg * geo.groups) + tuple(in_sizes), out_sizes, "input")
+    if ((not device and batch_last.batch_last_pays((n, cg * geo.groups) + tuple(in_sizes), out_sizes, "input"))
             or (is_pointwise(ksize, geo) and tuple(in_sizes) == out_sizes)):
         return []
     rows = geo.groups * dims_product(ksize) * cg
-    chunk = sample_chunks(n, rows * dims_product(out_sizes) * np.dtype(dtype).itemsize)[0][1]
+    chunk = sample_chunks(n, rows * dims_product(out_sizes) * np.dtype(dtype).itemsize, device)[0][1]
     layout: Layout = [("cols", (chunk * rows * dims_product(out_sizes),), dtype)]
     if _has_padding(geo):
         layout.append(("acc", (chunk, cg * geo.groups) + _padded_sizes(in_sizes, geo), dtype))
@@ -240,6 +266,8 @@ def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: C
     n, o = g.shape[:2]
     in_sizes = tuple(in_sizes)
     shape = (n, w.shape[1] * geo.groups) + in_sizes
+    if cudnn.choose(xp, g.dtype, geo.nsp, geo.pads).path == "cudnn":
+        return cudnn.backward_data(xp, g, w, shape, geo.nsp, geo.pads, geo.stride, geo.dilation, geo.groups, out)
     target = out if out is not None and out.flags.c_contiguous else xp.empty(shape, dtype=g.dtype)
     out_sizes = tuple(g.shape[2:])
     cg = w.shape[1]
@@ -247,20 +275,21 @@ def conv_backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: C
     groups = geo.groups
     og = o // groups
     length = dims_product(out_sizes)
-    if batch_last.batch_last_pays(shape, out_sizes, "input"):
+    device = on_device(xp)
+    if not device and batch_last.batch_last_pays(shape, out_sizes, "input"):
         batch_last.backward_input(xp, g, w, in_sizes, geo, target)
     elif is_pointwise(ksize, geo) and in_sizes == out_sizes:
         gmat = xp.ascontiguousarray(g).reshape(n, groups, og, length)
         xp.matmul(w.reshape(groups, og, cg).transpose(0, 2, 1), gmat, out=target.reshape(n, groups, cg, length))
     else:
-        temps = take(xp, scratch, backward_input_layout(g.shape, w.shape, in_sizes, g.dtype, geo))
+        temps = take(xp, scratch, backward_input_layout(g.shape, w.shape, in_sizes, g.dtype, geo, device))
         gmat = xp.ascontiguousarray(g).reshape(n, groups, og, length)
         kcount = dims_product(ksize)
         # columns ordered (sample, group, kernel offset, C/g, L): each offset's block is contiguous for col2im
         wmat_t = w.reshape(groups, og, cg, kcount).transpose(0, 3, 2, 1).reshape(groups, kcount * cg, og)
         offsets = geo.offset_slices(ksize, out_sizes)
         padded = _has_padding(geo)
-        for start, stop in sample_chunks(n, groups * kcount * cg * length * g.dtype.itemsize):
+        for start, stop in sample_chunks(n, groups * kcount * cg * length * g.dtype.itemsize, device):
             m = stop - start
             cols = temps["cols"][:m * groups * kcount * cg * length].reshape(m, groups, kcount * cg, length)
             if og == 1:  # depthwise-like: an outer product, which a GEMM with inner size 1 does slowly
@@ -292,18 +321,18 @@ def per_sample_weight_products(og: int, kc: int, length: int) -> bool:
 
 
 def backward_weight_layout(x_shape: Sequence[int], g_shape: Sequence[int], ksize: Sequence[int], dtype: Any,
-                           geo: ConvGeometry) -> Layout:
+                           geo: ConvGeometry, device: bool = False) -> Layout:
     """The temporaries of conv_backward_weight's im2col path (none for batch-last): the padded
     input and columns of one chunk of samples, then either the chunk's gradient rows and a
     partial product or, with per_sample_weight_products, a partial product per sample."""
     out_sizes = tuple(g_shape[2:])
-    if batch_last.batch_last_pays(x_shape, out_sizes, "weight"):
+    if not device and batch_last.batch_last_pays(x_shape, out_sizes, "weight"):
         return []
     n, c = x_shape[:2]
     o = g_shape[1]
     og = o // geo.groups
     length, kc = dims_product(out_sizes), (c // geo.groups) * dims_product(ksize)
-    chunk = sample_chunks(n, c * dims_product(ksize) * length * np.dtype(dtype).itemsize)[0][1]
+    chunk = sample_chunks(n, c * dims_product(ksize) * length * np.dtype(dtype).itemsize, device)[0][1]
     layout: Layout = [("cols", (geo.groups * kc * chunk * length,), dtype)]
     if per_sample_weight_products(og, kc, length):
         layout.append(("partial", (chunk, geo.groups, og, kc), dtype))
@@ -323,12 +352,16 @@ def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: Con
     groups = geo.groups
     og = o // groups
     ksize = tuple(ksize)
+    if cudnn.choose(xp, x.dtype, geo.nsp, geo.pads).path == "cudnn":
+        return cudnn.backward_filter(xp, x, g, (o, c // groups) + ksize, geo.nsp, geo.pads, geo.stride,
+                                     geo.dilation, groups, out)
     target = out if out is not None and out.flags.c_contiguous else \
         xp.empty((o, c // groups) + ksize, dtype=x.dtype)
-    if batch_last.batch_last_pays(x.shape, g.shape[2:], "weight"):
+    device = on_device(xp)
+    if not device and batch_last.batch_last_pays(x.shape, g.shape[2:], "weight"):
         batch_last.backward_weight(xp, x, g, ksize, geo, target)
         return target if out is None or target is out else store(xp, target, out)
-    temps = take(xp, scratch, backward_weight_layout(x.shape, g.shape, ksize, x.dtype, geo))
+    temps = take(xp, scratch, backward_weight_layout(x.shape, g.shape, ksize, x.dtype, geo, device))
     out_sizes = tuple(g.shape[2:])
     nsp = geo.nsp
     length = dims_product(out_sizes)
@@ -336,7 +369,8 @@ def conv_backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: Con
     # (C, k..., m, out...) so that each group's columns are one contiguous (C/g·Πk, m·L) matrix
     order = (1,) + tuple(range(2, 2 + nsp)) + (0,) + tuple(range(2 + nsp, 2 + 2 * nsp))
     result = target.reshape(groups, og, kc)
-    chunks = _chunk_windows(xp, x, temps.get("padded"), ksize, out_sizes, geo, c * dims_product(ksize) * length)
+    chunks = _chunk_windows(xp, x, temps.get("padded"), ksize, out_sizes, geo, c * dims_product(ksize) * length,
+                            device)
     if per_sample_weight_products(og, kc, length):
         # columns in the forward's order (sample, group, C/g·Πk, L): g's rows need no copy
         grows = g.reshape(n, groups, og, length)
