@@ -64,6 +64,28 @@ def scatter_add(xp: Any, target: Any, index: Any, values: Any) -> None:
         cupyx.scatter_add(target, index, values)
 
 
+_REDUCE_UFUNCS = {"add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
+
+
+def scatter_reduce(xp: Any, target: Any, index: Any, values: Any, reduction: str) -> None:
+    """``target[index] (reduction)= values`` where repeated indices combine (add, mul, max, min)."""
+    ufunc = getattr(xp, _REDUCE_UFUNCS[reduction])
+    if hasattr(ufunc, "at"):
+        ufunc.at(target, index, values)
+        return
+    import cupyx  # only array modules without ufunc.at (CuPy) get here
+
+    device_scatter = {"add": cupyx.scatter_add, "max": cupyx.scatter_max, "min": cupyx.scatter_min}.get(reduction)
+    if device_scatter is not None:
+        device_scatter(target, index, values)
+        return
+    # CuPy has no scatter-multiply: combine on the host (index arrays and values are copied there)
+    host = host_array(target)
+    np.multiply.at(host, tuple(host_array(i) for i in index) if isinstance(index, tuple) else host_array(index),
+                   host_array(values))
+    target[...] = xp.asarray(host)
+
+
 def get_backend(name: Optional[str] = None) -> Backend:
     """The backend named ``name``, else ``$CGVM_BACKEND``, else NumPy. CuPy is imported lazily."""
     if isinstance(name, Backend):

@@ -42,6 +42,10 @@ def lower(node: Node) -> Optional[Steps]:
     op = node.op
     if len(node.outputs) != 1 or op.pattern not in (ELEMWISE, BROADCAST) or op.stateful:
         return None
+    if node.outputs[0].dtype.name not in F.FUSIBLE_DTYPES:
+        # storage formats (bfloat16, float8, int4 ... from ml_dtypes) run op by op, each result rounded
+        # to the format as the IR interpreter does; fused programs have no literals of them either
+        return None
     if op.ufunc in F.UFUNC_ARITY and not node.attrs and F.UFUNC_ARITY[op.ufunc] == len(node.inputs):
         return [(op.ufunc, tuple(range(len(node.inputs))))]
     return op.lower(node)   # the op's own @op.lowering (relu, sigmoid, rsqrt, clip ...)

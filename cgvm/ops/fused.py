@@ -52,6 +52,9 @@ from .registry import OPAQUE, defop
 from .rules import broadcast_shapes
 from .ufunc_steps import ACC, LIT, UFUNC_ARITY, Operand, Program, Step, is_literal, lit  # noqa: F401
 
+#: the dtypes a fused chain may compute in (NumPy's own; the storage formats of ml_dtypes are not fused)
+FUSIBLE_DTYPES = frozenset(CTYPES)
+
 _PY_MATH_FUNCS = tuple(f for f in FLOAT_FUNCS if f not in ("floor", "ceil"))
 
 # float64 one-element chains: Python expressions over floats ({0}, {1} are operand names). Only

@@ -1,4 +1,6 @@
-"""Sorting ops: sort, argsort, and the along-axis gather/scatter pair that differentiates them.
+"""Sorting ops: sort, argsort, the along-axis gather/scatter pair that differentiates them, and
+the along-axis scatter that combines (scatter_reduce: add, mul, max, min, as ONNX's ScatterElements
+and torch's scatter_reduce with the input included).
 
 ``sort`` is a gather of its input by ``argsort``, so its gradient scatters the output gradient
 back to the positions the values came from (``scatter_along_axis``). Ties are broken by a
@@ -6,7 +8,8 @@ stable sort, so the gradient of tied values is well defined.
 """
 from __future__ import annotations
 
-from ..ir.attrs import Int
+from ..backend import scatter_reduce as _scatter_reduce_into
+from ..ir.attrs import Int, Str
 from ..ir.types import TensorType, int64
 from . import indexing as ix
 from .registry import OPAQUE, defop
@@ -117,3 +120,78 @@ def _(xp, g, x, indices, *, axis, out=None):
 @scatter_along_axis.grad
 def _(node, gg):
     return [take_along_axis(gg, node.inputs[2], axis=node.attrs["axis"]), None, None]
+
+
+# --------------------------------------------------------------------------- scatter_reduce
+
+REDUCTIONS = ("add", "mul", "max", "min")
+
+
+def _scatter_reduce_infer(types, axis, reduction):
+    x, idx, upd = types
+    if not idx.dtype.is_int:
+        raise TypeError(f"scatter_reduce: indices must be integers, got {idx!r}")
+    if idx.ndim != x.ndim or upd.ndim != x.ndim:
+        raise ValueError(f"scatter_reduce: indices {idx!r} and updates {upd!r} need the rank of {x!r}")
+    if any(a is not None and b is not None and a != b for a, b in zip(idx.shape, upd.shape)):
+        raise ValueError(f"scatter_reduce: indices {idx!r} and updates {upd!r} differ in shape")
+    if upd.dtype is not x.dtype:
+        raise TypeError(f"scatter_reduce: updates of dtype {upd.dtype.name} for a tensor of {x.dtype.name}")
+    normalize_axis(axis, x.ndim)
+    return x
+
+
+scatter_reduce = defop("scatter_reduce", num_inputs=3, pattern=OPAQUE, inplace=((0, 0),),
+                       attrs={"axis": Int(0), "reduction": Str(choices=REDUCTIONS)}, infer=_scatter_reduce_infer,
+                       doc="A copy of x with each update combined (add, mul, max, min) into the entry its "
+                           "index names along axis (the other coordinates its own); repeated indices all combine.")
+
+
+@scatter_reduce.kernel
+def _(xp, x, indices, updates, *, axis, reduction, out=None):
+    if out is None:
+        out = x.copy()
+    elif out is not x:
+        out[...] = x
+    _scatter_reduce_into(xp, out, _full_index(xp, indices, axis), updates, reduction)
+    return out
+
+
+@scatter_reduce.grad
+def _(node, g):
+    x, idx, upd = node.inputs
+    axis, reduction = node.attrs["axis"], node.attrs["reduction"]
+    if reduction == "add":
+        return [g, None, take_along_axis(g, idx, axis=axis)]
+    gx, gu = scatter_reduce_grad(g, x, idx, upd, node.outputs[0], axis=axis, reduction=reduction)
+    return [gx, None, gu]
+
+
+scatter_reduce_grad = defop("scatter_reduce_grad", num_inputs=5, num_outputs=2, pattern=OPAQUE, differentiable=False,
+                            writes_out=False, attrs={"axis": Int(0), "reduction": Str(choices=REDUCTIONS[1:])},
+                            infer=lambda types, axis, reduction: [types[1], types[3]],
+                            doc="(gradient wrt x, wrt updates) of scatter_reduce mul/max/min, given its result.")
+
+
+@scatter_reduce_grad.kernel
+def _(xp, g, x, indices, updates, result, *, axis, reduction):
+    at = _full_index(xp, indices, axis)
+    if reduction in ("max", "min"):
+        # the entries equal to the result share its gradient evenly (ties split, as torch does)
+        won_x = (x == result).astype(g.dtype)
+        won_u = (updates == result[at]).astype(g.dtype)
+        ties = won_x.copy()
+        _scatter_reduce_into(xp, ties, at, won_u, "add")
+        return g * won_x / ties, g[at] * won_u / ties[at]
+    # mul: each factor's gradient is the product of the other factors, zeros counted so none is divided by
+    zero_x, zero_u = x == 0, updates == 0
+    zeros = zero_x.astype(xp.int64)
+    _scatter_reduce_into(xp, zeros, at, zero_u.astype(xp.int64), "add")
+    nonzero_product = xp.where(zero_x, xp.ones_like(x), x)
+    _scatter_reduce_into(xp, nonzero_product, at, xp.where(zero_u, xp.ones_like(updates), updates), "mul")
+    safe_x, safe_u = xp.where(zero_x, xp.ones_like(x), x), xp.where(zero_u, xp.ones_like(updates), updates)
+    others_x = xp.where(zero_x, xp.where(zeros == 1, nonzero_product, 0),
+                        xp.where(zeros == 0, nonzero_product / safe_x, 0))
+    zeros_u, product_u = zeros[at], nonzero_product[at]
+    others_u = xp.where(zero_u, xp.where(zeros_u == 1, product_u, 0), xp.where(zeros_u == 0, product_u / safe_u, 0))
+    return (g * others_x).astype(g.dtype, copy=False), (g[at] * others_u).astype(g.dtype, copy=False)

@@ -147,10 +147,18 @@ einsum = defop("einsum", num_inputs=(1, None), pattern=OPAQUE, attrs={"equation"
                doc="numpy.einsum(equation, *operands), '...' broadcasting; operands share one dtype.")
 
 
+_NATIVE = frozenset(("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                     "uint32", "uint64", "bool"))
+
+
 @einsum.kernel
 def _(xp, *xs, equation, out=None):
     ins, o = _parse_einsum(equation, [x.ndim for x in xs])
-    return assign_out(xp, out, xp.einsum(",".join(ins) + "->" + o, *xs).astype(xs[0].dtype, copy=False))
+    dtype = xs[0].dtype
+    if dtype.name not in _NATIVE:
+        # storage formats (bfloat16, float8 from ml_dtypes) have no einsum loop: accumulate in float32, round once
+        xs = [x.astype(xp.float32) for x in xs]
+    return assign_out(xp, out, xp.asarray(xp.einsum(",".join(ins) + "->" + o, *xs)).astype(dtype, copy=False))
 
 
 @einsum.grad
@@ -217,4 +225,5 @@ bitcast = defop("bitcast", pattern=OPAQUE, differentiable=False, attrs={"dtype":
 
 @bitcast.kernel
 def _(xp, x, *, dtype, out=None):
-    return assign_out(xp, out, xp.ascontiguousarray(x).view(dtype.np))
+    # (ascontiguousarray returns at least one axis: a scalar is given its shape back)
+    return assign_out(xp, out, xp.ascontiguousarray(x).reshape(x.shape).view(dtype.np))

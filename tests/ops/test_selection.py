@@ -1,4 +1,5 @@
-"""Selection ops (cgvm.ops.selection): filter_rows / unfilter_rows against plain NumPy loops, and gradients."""
+"""Selection ops (cgvm.ops.selection): filter_rows / unfilter_rows, nonzero, unique against plain NumPy loops,
+and gradients."""
 import numpy as np
 import pytest
 
@@ -52,6 +53,53 @@ CASES = [
 ]
 
 
+def nonzero_loop(x):
+    coords = [idx for idx in np.ndindex(*x.shape) if x[idx] != 0]      # row-major order
+    return np.array(coords, np.int64).reshape(-1, x.ndim).T.copy()
+
+
+def unique_loop(x, axis=None, keep_sorted=True):
+    """(values, first index, inverse, counts) by a scan over the items (elements, or slices along axis)."""
+    items = list(x.reshape(-1)) if axis is None else [np.take(x, i, axis=axis) for i in range(x.shape[axis])]
+    keys = [np.asarray(v).tobytes() for v in items]
+    first = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    order = list(first.values())
+    if keep_sorted:
+        order.sort(key=lambda i: tuple(np.asarray(items[i]).reshape(-1).tolist()))
+    pos = {keys[i]: j for j, i in enumerate(order)}
+    values = np.array([items[i] for i in order], x.dtype)
+    if axis is not None:
+        values = np.moveaxis(values, 0, axis)
+    inverse = np.array([pos[k] for k in keys], np.int64)
+    counts = np.array([keys.count(keys[i]) for i in order], np.int64)
+    return values, np.array(order, np.int64), inverse, counts
+
+
+REPEATS = np.array([2.0, 1.0, 1.0, 3.0, 4.0, 3.0], np.float32)
+ROWS = np.array([[1, 0, 0], [1, 0, 0], [2, 3, 4], [0, 1, 2], [2, 3, 4]], np.int64)
+
+CASES += [
+    Case("nonzero_2d", lambda x: S.nonzero(x), [np.array([[1.0, 0.0, 2.0], [0.0, 0.0, -1.0]], np.float32)],
+         nonzero_loop, grad=False),
+    Case("nonzero_3d_int_dynamic", lambda x: S.nonzero(x), [rng.integers(0, 2, (2, 3, 4))], nonzero_loop,
+         dynamic=True, grad=False),
+    Case("nonzero_none", lambda x: S.nonzero(x), [np.zeros(4, np.float32)], nonzero_loop, grad=False),
+    Case("nonzero_then_math", lambda x: E.add(S.nonzero(x), S.nonzero(x)), [np.array([0, 3, 0, 5])],
+         lambda x: 2 * nonzero_loop(x), grad=False),
+    Case("unique_sorted", lambda x: S.unique(x), [REPEATS], unique_loop, grad=False),
+    Case("unique_first_seen", lambda x: S.unique(x, sorted=False), [REPEATS],
+         lambda x: unique_loop(x, keep_sorted=False), grad=False),
+    Case("unique_matrix_flattened", lambda x: S.unique(x), [ROWS], unique_loop, grad=False),
+    Case("unique_rows", lambda x: S.unique(x, axis=0), [ROWS], lambda x: unique_loop(x, axis=0), grad=False),
+    Case("unique_columns_first_seen", lambda x: S.unique(x, axis=1, sorted=False), [ROWS.T.copy()],
+         lambda x: unique_loop(x, axis=1, keep_sorted=False), grad=False),
+    Case("unique_then_math", lambda x: E.mul(S.unique(x)[0], S.unique(x)[0]), [REPEATS],
+         lambda x: unique_loop(x)[0] ** 2, grad=False),
+]
+
+
 @pytest.mark.parametrize("case", CASES, ids=repr)
 def test_values(case, backend):
     check_case(case, backend)
@@ -95,3 +143,28 @@ def test_bad_shapes_name_the_user_line(build):
     with pytest.raises(ShapeError) as info:
         build()
     assert "test_selection.py" in str(info.value)
+
+
+def test_data_dependent_outputs_are_typed_with_unknown_sizes():
+    x = _sym(2, 3)
+    assert tuple(S.nonzero(x).shape) == (2, None)
+    values, first, inverse, counts = S.unique(x, axis=1)
+    assert tuple(values.shape) == (2, None) and tuple(inverse.shape) == (3,)
+    assert tuple(first.shape) == (None,) == tuple(counts.shape)
+    assert tuple(S.unique(x)[2].shape) == (6,)
+
+
+def test_unique_output_sizes_follow_each_call():
+    x = input_value(TensorType((None,), "int64"))
+    values, _, _, counts = S.unique(x)
+    f = cgvm.compile([x], [values, counts])
+    for data in ([3, 1, 3], [5, 5, 5, 5, 2, 7, 7]):
+        got_v, got_c = f(np.array(data, np.int64))
+        want_v, want_c = np.unique(np.array(data), return_counts=True)
+        np.testing.assert_array_equal(got_v, want_v)
+        np.testing.assert_array_equal(got_c, want_c)
+
+
+def test_nonzero_of_a_scalar_is_refused_naming_the_line():
+    with pytest.raises(ShapeError, match="test_selection.py"):
+        S.nonzero(_sym())

@@ -27,6 +27,58 @@ CASES = [
 ]
 
 
+def _scatter_reduce(x, idx, upd, axis, reduction):
+    """torch.scatter_reduce(include_self=True) / ONNX ScatterElements as a loop over the updates."""
+    out = x.copy()
+    combine = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "max": max, "min": min}[reduction]
+    for pos in np.ndindex(*idx.shape):
+        target = list(pos)
+        target[axis] = idx[pos]
+        out[tuple(target)] = combine(out[tuple(target)], upd[pos])
+    return out
+
+
+# repeated indices along each axis; distinct values so max/min have no ties
+SX = rng.permutation(12).reshape(3, 4).astype(np.float64) / 3.0 - 2.0
+SIDX0 = np.array([[0, 2, 2, 1], [0, 0, 1, 1]])
+SIDX1 = np.array([[3, 3, 0], [1, 2, 1], [0, 0, 0]])
+SUPD0 = rng.standard_normal((2, 4))
+SUPD1 = rng.standard_normal((3, 3))
+ZX = np.array([0.0, 2.0, 0.0, 3.0])            # mul: zero in x (one factor, two factors) and in the updates
+ZIDX = np.array([0, 0, 2, 3, 3, 1])
+ZUPD = np.array([1.5, -2.0, 0.0, 0.0, 4.0, 0.5])
+
+CASES += [
+    Case(f"scatter_reduce_{red}_axis{axis}",
+         (lambda red, axis: lambda x, i, u: srt.scatter_reduce(x, i, u, axis=axis, reduction=red))(red, axis),
+         [SX, idx, upd], (lambda red, axis: lambda x, i, u: _scatter_reduce(x, i, u, axis, red))(red, axis),
+         grad_inputs=[0, 2])
+    for red in ("add", "mul", "max", "min") for axis, idx, upd in ((0, SIDX0, SUPD0), (1, SIDX1, SUPD1))
+] + [
+    Case("scatter_reduce_mul_zeros", lambda x, i, u: srt.scatter_reduce(x, i, u, axis=0, reduction="mul"),
+         [ZX, ZIDX, ZUPD], lambda x, i, u: _scatter_reduce(x, i, u, 0, "mul"), grad_inputs=[0, 2]),
+    Case("scatter_reduce_int_max", lambda x, i, u: srt.scatter_reduce(x, i, u, axis=0, reduction="max"),
+         [np.array([1, 5, -3]), np.array([2, 2, 0]), np.array([7, -9, 0])],
+         lambda x, i, u: _scatter_reduce(x, i, u, 0, "max"), grad=False),
+    Case("scatter_reduce_float32_dynamic", lambda x, i, u: srt.scatter_reduce(x, i, u, axis=1, reduction="add"),
+         [SX.astype(np.float32), SIDX1, SUPD1.astype(np.float32)],
+         lambda x, i, u: _scatter_reduce(x, i, u, 1, "add"), dynamic=True, grad_inputs=[0, 2]),
+]
+
+
+def test_scatter_reduce_max_ties_share_the_gradient():
+    x = input_value(TensorType((2,), "float64"), "x")
+    u = input_value(TensorType((3,), "float64"), "u")
+    idx = cgvm.ir.const_value(np.array([0, 0, 1]))
+    y = srt.scatter_reduce(x, idx, u, axis=0, reduction="max")
+    gx, gu = cgvm.grad(cgvm.ops.reduce.sum(y), [x, u])
+    f = cgvm.compile([x, u], [y, gx, gu])
+    got_y, got_gx, got_gu = f(np.array([2.0, 1.0]), np.array([2.0, 2.0, 0.5]))
+    np.testing.assert_array_equal(got_y, [2.0, 1.0])
+    np.testing.assert_allclose(got_gx, [1 / 3, 1.0])          # x[0] ties with two updates
+    np.testing.assert_allclose(got_gu, [1 / 3, 1 / 3, 0.0])
+
+
 def _scatter(g, i):
     out = np.zeros_like(g)
     for r in range(g.shape[0]):

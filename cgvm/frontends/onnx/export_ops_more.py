@@ -1,5 +1,5 @@
 """Lowerings of cgvm's reductions, fused elementwise chains and the ops added for ONNX (einsum, det,
-cumsum, bit_shift), registered in export_ops.LOWERINGS."""
+cumsum, bit_shift, scatter_reduce, nonzero, unique), registered in export_ops.LOWERINGS."""
 from __future__ import annotations
 
 from typing import List
@@ -169,3 +169,28 @@ def _nms(ctx, node, ins):
     if a["score_threshold"] is not None:
         extra.append(ctx.const(np.asarray([a["score_threshold"]], np.float32), "score_threshold"))
     return ctx.one("NonMaxSuppression", list(ins) + extra, center_point_box=int(a["center_point_box"]))
+
+
+# --------------------------------------------------------------------------- scatters and data-dependent shapes
+
+
+@lowering("scatter_reduce")
+def _scatter_reduce(ctx, node, ins):
+    reduction = node.attrs["reduction"]
+    if reduction not in ("add", "mul"):
+        # ScatterElements reduces by max and min from opset 18 on; the export writes opset 17
+        raise OnnxExportError(f"scatter_reduce with reduction {reduction!r} needs ONNX opset 18 "
+                              "(ScatterElements max/min); the export writes opset 17")
+    return ctx.one("ScatterElements", ins, axis=_axis(node.attrs["axis"], node.inputs[0].ndim), reduction=reduction)
+
+
+@lowering("nonzero")
+def _nonzero(ctx, node, ins):
+    return ctx.one("NonZero", ins)
+
+
+@lowering("unique")
+def _unique(ctx, node, ins):
+    axis = node.attrs["axis"]
+    return ctx.node("Unique", ins, n_out=4, sorted=int(node.attrs["sorted"]),
+                    axis=None if axis is None else _axis(axis, node.inputs[0].ndim))

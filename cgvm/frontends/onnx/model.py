@@ -115,6 +115,7 @@ class OnnxModel:
         for name in list(staging.keys()):
             self.workspace[name] = staging[name]
         self.params: Dict[str, Value] = tr.params
+        self.updates: Dict[Value, Value] = {}
 
     # -- translation ---------------------------------------------------------------------
     def _check_translation(self, staging: Workspace) -> None:
@@ -158,16 +159,24 @@ class OnnxModel:
         vals = [as_value(v) for v in vals]
         tr = self._translator(self.workspace, [v.type for v in vals], None, vals)
         self.params = tr.params
+        # random ops' generator states and their next values: pass them as updates to advance the draws
+        self.updates = dict(tr.updates)
         return tr.outputs
 
     def graph(self, input_types: Optional[Sequence[TensorType]] = None) -> Graph:
+        return self._graph_and_updates(input_types)[0]
+
+    def _graph_and_updates(self, input_types: Optional[Sequence[TensorType]]) -> Tuple[Graph, Dict[Value, Value]]:
         tr = self._translator(self.workspace, input_types, None)
         ins = [tr.env[n] for n in self.input_names]
-        return Graph(ins, [_materialize(v) for v in tr.outputs], name=_graph_name(self))
+        return Graph(ins, [_materialize(v) for v in tr.outputs], name=_graph_name(self)), tr.updates
 
     def compile(self, input_types: Optional[Sequence[TensorType]] = None, **kwargs: Any) -> Function:
-        """A cgvm Function of the model's inputs (declared types, symbolic dims left unknown)."""
-        g = self.graph(input_types)
+        """A cgvm Function of the model's inputs (declared types, symbolic dims left unknown); the random
+        ops' generator states advance on every call."""
+        g, updates = self._graph_and_updates(input_types)
+        if updates:
+            kwargs["updates"] = {**updates, **(kwargs.get("updates") or {})}
         return cgvm_compile(list(g.inputs), list(g.outputs), workspace=self.workspace, name=g.name, **kwargs)
 
     # -- running ---------------------------------------------------------------------------
@@ -225,7 +234,8 @@ class OnnxModel:
                 computed.append(v)
         fn = None
         if computed:
-            fn = cgvm_compile([ins[k] for k in live_idx], computed, workspace=self.workspace, name=_graph_name(self))
+            fn = cgvm_compile([ins[k] for k in live_idx], computed, workspace=self.workspace, name=_graph_name(self),
+                              updates=tr.updates or None)
         return used, fn, (live_idx, outs_plan)
 
     def __repr__(self) -> str:

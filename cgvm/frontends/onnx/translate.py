@@ -31,7 +31,7 @@ RULES: Dict[tuple, "Rule"] = {}
 MAX_OPSET = 28
 DOMAINS = {"": "ai.onnx", "ai.onnx": "ai.onnx"}
 #: other domains with a few ops translated (by rules registered under the domain's name)
-EXTRA_DOMAINS = {"ai.onnx.preview.training": "ai.onnx.preview.training"}
+EXTRA_DOMAINS = {"ai.onnx.preview.training": "ai.onnx.preview.training", "ai.onnx.preview": "ai.onnx.preview"}
 
 
 class Sequence(list):
@@ -245,6 +245,8 @@ class GraphTranslator:
         self.feeds = dict(feeds or {})
         self.used_feeds: Set[str] = set()
         self.params: Dict[str, Value] = {}
+        # Workspace state -> its next value, written after each call (the random ops' generator states)
+        self.updates: Dict[Value, Value] = {}
 
     # -- static values -----------------------------------------------------------------
     def static_of(self, name: str) -> Optional[np.ndarray]:
@@ -421,6 +423,7 @@ class GraphTranslator:
                                 foldable=set(self.foldable), feeds=self.feeds)
         child.used_feeds = self.used_feeds
         child.params = self.params
+        child.updates = self.updates
         for t in graph.initializer:
             child.add_initializer(t, as_param=False)
         for vi, (name, val) in zip(graph.input, bound.items()):

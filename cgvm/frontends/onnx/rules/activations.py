@@ -39,7 +39,8 @@ def _selu(n):
 def _celu(n):
     x = n.input(0)
     alpha = const(n.attr("alpha", 1.0), x)
-    neg = E.mul(alpha, E.sub(E.exp(E.div(x, alpha)), const(1, x)))
+    # expm1, as ONNX defines Celu (exp - 1 loses the small negatives' digits, in bfloat16 visibly)
+    neg = E.mul(alpha, E.expm1(E.div(x, alpha)))
     return E.add(E.maximum(x, const(0, x)), E.minimum(const(0, x), neg))
 
 
@@ -151,3 +152,18 @@ def _hardmax(x, axis):
 
 
 rule("Hardmax")(_softmax_family(_hardmax))
+
+
+@rule("SwiGLU")
+def _swiglu(n):
+    """a * sigmoid(alpha * a) * b; 16-bit inputs computed in float32 and rounded once, as ONNX's reference
+    does (its function body, op by op in float16, can be an ulp away)."""
+    import numpy as np
+
+    from .common import cast_to
+
+    a, b = n.input(0), n.input(1)
+    work = np.float32 if a.dtype.np.itemsize < 4 else a.dtype.np
+    a_w, b_w = cast_to(a, work), cast_to(b, work)
+    y = E.mul(E.mul(a_w, E.sigmoid(E.mul(a_w, const(n.attr("alpha", 1.0), a_w)))), b_w)
+    return cast_to(y, a.dtype.np)

@@ -108,6 +108,8 @@ def _onnx_cast(n, x, to):
     """Cast ``x`` to ``to``; to a float8 format with ``saturate`` (the default) out-of-range values,
     infinities included, become the format's largest finite value."""
     to = np.dtype(to)
+    if to.name == "float8_e8m0fnu" and x.dtype.is_float:
+        return _to_e8m0(x, n.attr("round_mode", "up"), bool(n.attr("saturate", 1)), to)
     if to.name in _SATURATING and n.attr("saturate", 1) and x.dtype.is_float:
         import ml_dtypes
 
@@ -115,6 +117,38 @@ def _onnx_cast(n, x, to):
         wide = x if x.dtype.np.itemsize >= 4 else E.cast(x, dtype="float32")
         x = E.minimum(E.maximum(wide, const(-top, wide)), const(top, wide))
     return cast_to(x, to)
+
+
+def _to_e8m0(x, round_mode, saturate, to):
+    """float8e8m0 (a power of two, stored as its biased exponent) the way ONNX rounds to it: float32's
+    exponent field, incremented when the mantissa rounds up ("up": any fraction; "nearest": guard bit
+    set and round, sticky or exponent's low bit; "down": never), NaN and infinity kept as 0xFF, the
+    largest exponent not incremented past when saturating."""
+    from cgvm.ops import tensor_math as TM
+
+    u32 = np.uint32
+    bits = TM.bitcast(cast_to(x, np.float32), dtype=u32)
+    exponent = E.bitwise_and(TM.bit_shift(bits, const(23, dtype=u32), direction="right"), const(0xFF, dtype=u32))
+    special = E.eq(exponent, const(0xFF, dtype=u32))
+
+    def has(mask):
+        return E.ne(E.bitwise_and(bits, const(mask, dtype=u32)), const(0, dtype=u32))
+
+    if round_mode == "nearest":
+        up = E.logical_and(has(0x400000), E.logical_or(E.logical_or(has(0x200000), has(0x1FFFFF)),
+                                                       E.gt(exponent, const(0, dtype=u32))))
+    elif round_mode == "up":
+        up = has(0x7FFFFF)
+    elif round_mode == "down":
+        up = None
+    else:
+        raise ValueError(f"round_mode {round_mode!r} is not one of up, down, nearest")
+    if up is not None:
+        up = E.logical_and(up, E.logical_not(special))
+        if saturate:
+            up = E.logical_and(up, E.ne(exponent, const(0xFE, dtype=u32)))
+        exponent = E.add(exponent, E.cast(up, dtype=u32))
+    return TM.bitcast(E.cast(exponent, dtype=np.uint8), dtype=to)
 
 
 @rule("Cast")

@@ -1,5 +1,6 @@
-"""Indexing ONNX ops: Slice, Gather(Elements/ND), ScatterElements/ND, Pad, OneHot, Compress, TopK,
-CumSum; static positions become cgvm attributes, run-time indices stay tensors."""
+"""Indexing ONNX ops: Slice, Gather(Elements/ND), ScatterElements/ND (with reductions), TensorScatter,
+Pad, OneHot, Compress, TopK, CumSum, NonZero, Unique; static positions become cgvm attributes,
+run-time indices stay tensors."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +10,7 @@ from cgvm.ops import elementwise as E
 from cgvm.ops import indexing as I
 from cgvm.ops import join as J
 from cgvm.ops import reduce as R
+from cgvm.ops import selection as SEL
 from cgvm.ops import shape as shp
 from cgvm.ops import sorting as S
 
@@ -79,10 +81,11 @@ def _gather_nd(n):
     b = n.attr("batch_dims", 0)
     xs, ishape = n.shape(0), n.shape(1)
     k = ishape[-1]
-    if b:
-        raise n.error("GatherND with batch_dims is not supported")
-    parts = [_nonneg(shp.squeeze(I.slice(idx, starts=(j,), stops=(j + 1,), steps=(1,), axes=(idx.ndim - 1,)),
-                                 axis=(idx.ndim - 1,)), xs[j]) for j in range(k)]
+    # the batch axes index themselves: aranges shaped to broadcast against the index tuples
+    batch = [const_value(np.arange(ishape[a], dtype=np.int64).reshape(
+        (1,) * a + (ishape[a],) + (1,) * (len(ishape) - 2 - a))) for a in range(b)]
+    parts = batch + [_nonneg(shp.squeeze(I.slice(idx, starts=(j,), stops=(j + 1,), steps=(1,), axes=(idx.ndim - 1,)),
+                                 axis=(idx.ndim - 1,)), xs[b + j]) for j in range(k)]
     return I.advanced_index(x, *parts)
 
 
@@ -182,32 +185,35 @@ def _scatter_elements(n):
     x, upd = n.input(0), n.input(2)
     axis = axis_of(n.attr("axis", 0), x.ndim)
     reduction = n.attr("reduction", "none")
-    pos = np.asarray(n.need_static(1, "indices"))
     dim = n.shape(0)[axis]
+    if reduction != "none":
+        return S.scatter_reduce(x, _nonneg(n.input(1), dim), upd, axis=axis, reduction=reduction)
+    pos = np.asarray(n.need_static(1, "indices"))
     pos = np.where(pos < 0, pos + dim, pos)
     # positions known: scatter as a gather over a combined tensor [x, updates] (differentiable in both)
     full_idx = np.indices(pos.shape)
     flat_target = np.ravel_multi_index(tuple(pos if a == axis else full_idx[a] for a in range(x.ndim)), n.shape(0))
     size = int(np.prod(n.shape(0)))
     src = np.arange(size, dtype=np.int64)
-    if reduction == "none":
-        src[flat_target.reshape(-1)] = size + np.arange(pos.size)
-        both = J.concat(shp.reshape(x, shape=(-1,)), shp.reshape(upd, shape=(-1,)), axis=0)
-        return shp.reshape(I.take(both, const_value(src), axis=0), shape=n.shape(0))
-    raise n.error(f"reduction {reduction!r} is not supported")
+    src[flat_target.reshape(-1)] = size + np.arange(pos.size)
+    both = J.concat(shp.reshape(x, shape=(-1,)), shp.reshape(upd, shape=(-1,)), axis=0)
+    return shp.reshape(I.take(both, const_value(src), axis=0), shape=n.shape(0))
 
 
 @rule("ScatterND")
 def _scatter_nd(n):
     x, upd = n.input(0), n.input(2)
     pos = np.asarray(n.need_static(1, "indices"))
-    if n.attr("reduction", "none") != "none":
-        raise n.error(f"reduction {n.attr('reduction')!r} is not supported")
     shape = n.shape(0)
     size = int(np.prod(shape))
     ids = np.arange(size, dtype=np.int64).reshape(shape)
     k = pos.shape[-1]
     targets = ids[tuple(pos[..., j] for j in range(k))]       # (*pos.shape[:-1], *shape[k:])
+    reduction = n.attr("reduction", "none")
+    if reduction != "none":   # every update combined into its flat position
+        flat = S.scatter_reduce(shp.reshape(x, shape=(-1,)), const_value(targets.reshape(-1).astype(np.int64)),
+                                shp.reshape(upd, shape=(-1,)), axis=0, reduction=reduction)
+        return shp.reshape(flat, shape=shape)
     src = np.arange(size, dtype=np.int64)
     src[targets.reshape(-1)] = size + np.arange(targets.size)
     both = J.concat(shp.reshape(x, shape=(-1,)), shp.reshape(upd, shape=(-1,)), axis=0)
@@ -264,3 +270,41 @@ def _reverse_sequence(n):
     order = pos if t_ax < b_ax else pos.T
     idx = np.broadcast_to(order.reshape(idx_shape), shape).astype(np.int64)
     return S.take_along_axis(x, const_value(np.ascontiguousarray(idx)), axis=t_ax)
+
+
+@rule("TensorScatter")
+def _tensor_scatter(n):
+    cache, upd = n.input(0), n.input(1)
+    shape, ushape = n.shape(0), n.shape(1)
+    nd = len(shape)
+    axis = axis_of(n.attr("axis", -2), nd)
+    if axis == 0:
+        raise n.error("axis 0 is the batch axis; the sequence axis must come after it")
+    if any(a != b for k, (a, b) in enumerate(zip(shape, ushape)) if k != axis) or ushape[axis] > shape[axis]:
+        raise n.error(f"update of shape {ushape} does not fit the cache of shape {shape} along axis {axis}")
+    # the sequence positions written: write_indices[batch] + 0..len-1 (wrapped around in circular mode)
+    steps = const_value(np.arange(ushape[axis], dtype=np.int64).reshape(
+        tuple(ushape[axis] if k == axis else 1 for k in range(nd))))
+    if n.has_input(2):
+        start = shp.reshape(E.cast(n.input(2), dtype=np.int64) if n.input(2).dtype.np != np.int64 else n.input(2),
+                            shape=(shape[0],) + (1,) * (nd - 1))
+        pos = E.add(start, steps)
+    else:
+        pos = steps
+    if n.attr("mode", "linear") == "circular":
+        pos = E.mod(pos, const(shape[axis], pos))
+    index = [pos if k == axis else const_value(np.arange(ushape[k], dtype=np.int64).reshape(
+        tuple(ushape[k] if j == k else 1 for j in range(nd)))) for k in range(nd)]
+    return I.advanced_set(cache, upd, *index)
+
+
+@rule("NonZero")
+def _nonzero(n):
+    return SEL.nonzero(n.input(0))
+
+
+@rule("Unique")
+def _unique(n):
+    x = n.input(0)
+    axis = n.attr("axis", None)
+    return list(SEL.unique(x, axis=None if axis is None else axis_of(axis, x.ndim), sorted=bool(n.attr("sorted", 1))))

@@ -55,19 +55,25 @@ def _attrs(n, nsp):
     return strides, dilations
 
 
-@rule("Conv")
-def _conv(n):
-    x, w = n.input(0), n.input(1)
+def conv_of(n, x, w, bias=None, w_input: int = 1):
+    """The convolution node ``n``'s attributes describe (Conv, ConvInteger, QLinearConv), of ``x`` by ``w``
+    (input ``w_input`` of the node: its spatial shape is the default kernel shape), zero padded."""
     nsp = x.ndim - 2
-    kernel = ints(n.attr("kernel_shape", n.spatial(1)))
+    kernel = ints(n.attr("kernel_shape", n.spatial(w_input)))
     strides, dilations = _attrs(n, nsp)
-    before, after = _geometry(n, n.spatial(0), kernel, strides, dilations)
+    before, after = _geometry(n, tuple(x.shape[2:]), kernel, strides, dilations)
     if before != after:
         x = _explicit_pad(x, before, after, 0.0)
         before = [0] * nsp
-    args = [x, w] + ([n.input(2)] if n.has_input(2) else [])
+    args = [x, w] + ([bias] if bias is not None else [])
     return CV.conv(*args, stride=tuple(strides), pad=tuple(before), dilation=tuple(dilations),
                    groups=int(n.attr("group", 1)))
+
+
+@rule("Conv")
+def _conv(n):
+    n.spatial(0)
+    return conv_of(n, n.input(0), n.input(1), n.input(2) if n.has_input(2) else None)
 
 
 @rule("ConvTranspose")
@@ -225,9 +231,17 @@ def _gemm(n):
     return y
 
 
+_NATIVE_FLOATS = ("float16", "float32", "float64")
+
+
 @rule("MatMul")
 def _matmul(n):
-    return L.matmul(n.input(0), n.input(1))
+    a, b = n.input(0), n.input(1)
+    if a.dtype.is_float and a.dtype.name not in _NATIVE_FLOATS and a.dtype is b.dtype:
+        # storage formats (bfloat16, float8): NumPy's matmul of them answers float32 (and rounds only
+        # into a buffer of their own); the product is accumulated in float32 and rounded once
+        return E.cast(L.matmul(E.cast(a, dtype="float32"), E.cast(b, dtype="float32")), dtype=a.dtype)
+    return L.matmul(a, b)
 
 
 @rule("LRN")

@@ -40,6 +40,12 @@ def _target_shape(n, in_shape, target, allowzero):
                 raise n.error(f"shape entry {k} copies input dimension {k}, which is unknown")
             d = in_shape[k]
         out.append(int(d))
+    if allowzero and 0 in out:
+        # a literal zero-size dimension: cgvm's reshape reads 0 as "copy", so name it as the one inferred
+        # dimension (-1), which the (empty) input's size resolves to 0
+        if -1 in out or out.count(0) > 1:
+            raise n.error(f"shape {list(target)} with allowzero: a 0 beside a -1, or several 0s, cannot be resolved")
+        out[out.index(0)] = -1
     return tuple(out)
 
 
@@ -174,22 +180,6 @@ def _eyelike(n):
     return np.eye(r, c, k=n.attr("k", 0), dtype=dtype)
 
 
-@rule("Dropout")
-def _dropout(n):
-    x = n.input(0)
-    training = bool(n.static(2)) if n.has_input(2) and n.static(2) is not None else False
-    if n.has_input(2) and n.static(2) is None:
-        raise n.error("training_mode must be known when the model is translated")
-    if training and n.opset >= 12:
-        ratio = float(np.asarray(n.need_static(1, "ratio")).reshape(-1)[0]) if n.has_input(1) else 0.5
-        if ratio != 0:
-            raise n.error("Dropout in training mode (random masks) is not supported by the importer")
-    outs = [shp.contiguous(x)]
-    if n.num_outputs > 1:
-        outs.append(shp.ones_like(x, dtype="bool"))
-    return outs
-
-
 @rule("DepthToSpace")
 def _depth_to_space(n):
     x = n.input(0)
@@ -207,7 +197,9 @@ def _space_to_depth(n):
     x = n.input(0)
     b, c, h, w = n.shape(0)
     s = n.attr("blocksize")
-    y = shp.transpose(shp.reshape(x, shape=(b, c, h // s, s, w // s, s)), perm=(0, 3, 5, 1, 2, 4))
+    # DCR: the block offsets vary slowest in the output channel; CRD: the input channel does
+    perm = (0, 1, 3, 5, 2, 4) if n.attr("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+    y = shp.transpose(shp.reshape(x, shape=(b, c, h // s, s, w // s, s)), perm=perm)
     return shp.reshape(y, shape=(b, c * s * s, h // s, w // s))
 
 
