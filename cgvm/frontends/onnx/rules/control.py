@@ -58,10 +58,10 @@ def _if(n):
         return _if_inline(n, cond)
     try:
         return _if_cond(n)
-    except OnnxImportError:
+    except OnnxImportError as exc:
         cond = n.static(0)      # branches that return sequences, or need static values: specialize
         if cond is None:
-            raise
+            raise n.error(f"If's condition must be known when the model is translated here ({exc})") from None
         return _if_inline(n, cond)
 
 

@@ -88,6 +88,22 @@ def _concat_from_sequence(n):
     return J.concat(*seq, axis=axis_of(n.attr("axis"), seq[0].ndim))
 
 
+@rule("SequenceMap")
+def _sequence_map(n):
+    """The body applied to each position of the sequences (tensor inputs are given whole each time)."""
+    body = n.subgraph("body")
+    seq = _seq(n, 0)
+    for k, v in enumerate(n.inputs[1:], 1):
+        if isinstance(v, Sequence) and len(v) != len(seq):
+            raise n.error(f"input {k} is a sequence of {len(v)} values, input 0 of {len(seq)}")
+    results = [Sequence() for _ in body.output]
+    for i in range(len(seq)):
+        bound = {f"in{k}": (v[i] if isinstance(v, Sequence) else v) for k, v in enumerate(n.inputs)}
+        for r, out in zip(results, n.run_subgraph(body, bound)):
+            r.append(out)
+    return results
+
+
 @rule("Optional")
 def _optional(n):
     return [OptionalValue(n.inputs[0] if n.has_input(0) else None)]
