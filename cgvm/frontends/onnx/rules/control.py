@@ -58,8 +58,9 @@ def _if(n):
         return _if_inline(n, cond)
     try:
         return _if_cond(n)
-    except OnnxImportError as exc:
-        cond = n.static(0)      # branches that return sequences, or need static values: specialize
+    except (OnnxImportError, CgvmError) as exc:
+        # branches that return sequences, need static values, or disagree in rank: specialize
+        cond = n.static(0)
         if cond is None:
             raise n.error(f"If's condition must be known when the model is translated here ({exc})") from None
         return _if_inline(n, cond)
