@@ -149,6 +149,11 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         spare[j] = aligned_empty(xp, shape, dtype)
         return spare[j]
 
+    def grow(j: int, old: Any, rows: int) -> Any:
+        spare[j] = aligned_empty(xp, (rows,) + old.shape[1:], old.dtype)
+        spare[j][:old.shape[0]] = old
+        return spare[j]
+
     read = {id(v) for n in body.nodes for v in n.inputs} | {id(v) for v in body.outputs}
     unread_seqs = [k for k, v in enumerate(body.inputs[:n_seqs]) if id(v) not in read]
     flipped = seq_order and go_backwards   # stacks filled from the last row down
@@ -172,6 +177,10 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
             raise ValueError(f"scan: n_steps={steps} but a sequence has only "
                              f"{min(s.shape[0] for s in seqs)} entries")
         active = steps if truncate < 0 else min(steps, truncate)
+        # a loop that may stop early (a while loop: until, no sequences) stacks into rows that grow
+        # as it runs, so a bound far above the steps taken (or none: the largest int64) costs nothing
+        growing = has_until and not seqs and not go_backwards and not seq_order
+        rows = min(active, 16) if growing else steps
         carries = list(inits)
         stacks: List[Any] = []
         done = steps
@@ -184,9 +193,13 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
                 res = run(args)
                 if all(r.shape == c.shape for r, c in zip(res, carries)):
                     step = run.prepare(args)  # the step's shapes are fixed from now on: skip the look-up
-                stacks = [new_stack(j, (steps,) + res[k].shape, res[k].dtype) for j, k in enumerate(kept)]
+                if not stacks:
+                    stacks = [new_stack(j, (rows,) + res[k].shape, res[k].dtype) for j, k in enumerate(kept)]
             else:
                 res = step(*args)
+            if growing and t >= rows:
+                rows = min(2 * rows, active)
+                stacks = [grow(j, st, rows) for j, st in enumerate(stacks)]
             for st, k in zip(stacks, kept):
                 st[i if seq_order else t] = res[k]
             carries = list(res[:n_carry])
@@ -194,15 +207,24 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
                 done = t + 1
                 break
             if step is not None and t + 1 < active:   # fixed shapes: the rest runs in straight-line code
-                carries, stopped, t = steady(step, seqs, carries, nonseqs, stacks, t + 1, active, steps)
-                if stopped is not None:
-                    done = stopped
+                while True:
+                    carries, stopped, t = steady(step, seqs, carries, nonseqs, stacks, t + 1, min(active, rows),
+                                                 steps)
+                    if stopped is not None:
+                        done = stopped
+                        break
+                    if t + 1 >= active:
+                        break
+                    rows = min(2 * rows, active)
+                    stacks = [grow(j, st, rows) for j, st in enumerate(stacks)]
                 break
         if not stacks:  # zero steps: empty stacks shaped after the initial carries
             stacks = [xp.zeros((0,) + inits[k].shape, inits[k].dtype) for k in _stacked(stacked, n_carry)]
             stacks += [xp.zeros((0,) + tuple(d or 0 for d in o.shape), o.dtype.np)
                        for o in body.outputs[n_carry:n_carry + n_ys]]
         written = t + 1
+        if growing and done == steps:   # ran every step: the rows are exactly the steps
+            done = written
         for st in stacks:   # steps not run (truncate) read as zeros
             if flipped:
                 st[:steps - written] = 0
@@ -211,7 +233,7 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         if active < steps:
             for k in range(min(reset_carries, n_carry)):
                 carries[k] = xp.zeros_like(carries[k])
-        if done < steps:
+        if done < steps or (growing and stacks and stacks[0].shape[0] != done):
             stacks = [st[steps - done:] if flipped else st[:done] for st in stacks]
         finals = [c if isinstance(c, xp.ndarray) else xp.asarray(c) for c in carries]
         results = tuple(finals) + tuple(stacks)
@@ -260,11 +282,12 @@ def _(node, *gouts):
         total = gh_carry[i]
         if g_stack[i] is not None:
             total = ew.add(total, next(it_gh))
-        seeds[h_t] = total
+        seeds[h_t] = ew.add(seeds[h_t], total) if h_t in seeds else total
     it_gy = iter(gy_in)
     for j, y_t in enumerate(step_outs[C:C + n_ys]):
         if g_ys[j] is not None:
-            seeds[y_t] = next(it_gy)
+            g = next(it_gy)     # one value may be both a carry and a per-step output: the seeds add up
+            seeds[y_t] = ew.add(seeds[y_t], g) if y_t in seeds else g
     wrt = x_in + h_in + p_in
     gmap = subgraph_gradients(seeds, wrt)
 
@@ -294,12 +317,17 @@ def _(node, *gouts):
     gy_seqs = [g for g in g_ys if g is not None]
     gh0 = [shp.zeros_like(i) if g is None else g for i, g in zip(inits, g_final)]
     gp0 = [shp.zeros_like(nonseqs[k]) for k in diff_p]
-    extra = [node.inputs[-1]] if a["dyn_steps"] else []
     saved_seqs = [st for _, st in used]
+    n_bwd_seqs = len(seqs) + len(h_prev) + len(saved_seqs) + len(gh_seqs) + len(gy_seqs)
+    # a loop that stopped early stacked only the steps it ran: the backward loop runs as many
+    # steps as those stacks hold, not the forward bound
+    by_length = a["has_until"] and n_bwd_seqs > 0
+    dyn = a["dyn_steps"] and not by_length
+    extra = [node.inputs[-1]] if dyn else []
     outs = scan(*x_iter, *h_prev, *saved_seqs, *gh_seqs, *gy_seqs, *gh0, *gp0, *nonseqs, *extra, body=bwd_body,
-                n_seqs=len(seqs) + len(h_prev) + len(saved_seqs) + len(gh_seqs) + len(gy_seqs),
+                n_seqs=n_bwd_seqs,
                 n_carry=C + len(diff_p),
-                go_backwards=True, n_steps=a["n_steps"], dyn_steps=a["dyn_steps"],
+                go_backwards=True, n_steps=None if by_length else a["n_steps"], dyn_steps=dyn,
                 truncate=a["truncate_gradient"], reset_carries=C, seq_order=True)
     outs = outs if isinstance(outs, tuple) else (outs,)
     nc = C + len(diff_p)

@@ -289,3 +289,62 @@ def test_loop_invariant_work_is_hoisted():
     for t in range(X.shape[0]):
         h = np.tanh(X[t] * np.exp(2 * W) + h * U)
     np.testing.assert_allclose(f(X, H0, W, U), h, rtol=1e-12)
+
+
+def _while_doubling():
+    """h <- 2 h until h > limit: a while loop (until, no sequences) with a run-time step bound."""
+    h, limit = input_value(TensorType((2,), F64), "h"), input_value(TensorType((), F64), "limit")
+    new = E.mul(h, 2.0)
+    body = Graph([h, limit], [new, R.sum(E.mul(new, new)), E.gt(R.sum(new), limit)], name="double")
+    H0, L0 = input_value(TensorType((2,), F64), "H0"), input_value(TensorType((), F64), "L0")
+    bound = input_value(TensorType((), "int64"), "bound")
+    final, stack, ys = C.scan(H0, L0, bound, body=body, n_carry=1, has_until=True, dyn_steps=True)
+    return [H0, L0, bound], final, stack, ys
+
+
+def _while_reference(h0, limit, bound):
+    h, hs = h0, []
+    for _ in range(bound):
+        h = h * 2.0
+        hs.append(h)
+        if h.sum() > limit:
+            break
+    return h, np.array(hs).reshape(-1, 2)
+
+
+@pytest.mark.parametrize("limit,bound", [(1e6, 2 ** 62), (50.0, 2 ** 62), (1e6, 3), (1e30, 40), (-1.0, 0)])
+def test_while_loop_rows_grow_with_the_steps_taken(limit, bound):
+    # a bound of 2**62 would be ~73 exabytes if the stacks were sized by it: they grow as the loop runs
+    ins, final, stack, ys = _while_doubling()
+    f = cgvm.compile(ins, [final, stack, ys])
+    h0 = np.array([0.5, 1.0])
+    fin, st, y = f(h0, np.array(limit), np.array(bound, np.int64))
+    want_h, want_stack = _while_reference(h0, limit, bound)
+    np.testing.assert_allclose(fin, want_h)
+    np.testing.assert_allclose(st, want_stack)
+    np.testing.assert_allclose(y, (want_stack ** 2).sum(axis=1))
+
+
+def test_while_loop_that_stops_early_has_a_gradient():
+    ins, final, stack, ys = _while_doubling()
+    loss = E.add(R.sum(E.mul(final, final)), R.sum(ys))
+    f = cgvm.compile(ins, loss)
+    g = cgvm.compile(ins, cgvm.grad(loss, [ins[0]]))
+    h0, limit, bound = np.array([0.3, 0.7]), np.array(20.0), np.array(2 ** 62, np.int64)
+    num = numeric_grad(lambda v: float(f(v[0], limit, bound)), [h0.copy()], 0, 1e-6)
+    np.testing.assert_allclose(g(h0, limit, bound)[0], num, rtol=1e-6)
+
+
+def test_gradient_of_a_value_that_is_both_a_carry_and_a_per_step_output():
+    # body outputs (h_t, y_t) are one Value: both its gradients reach the step (they used to overwrite)
+    h, w = vec("h"), vec("w")
+    new = E.tanh(E.mul(h, w))
+    body = Graph([h, w], [new, new], name="same")
+    H0, W = vec("H0"), vec("W")
+    final, stack, ys = C.scan(H0, W, body=body, n_carry=1, n_steps=4)
+    loss = E.add(R.sum(E.mul(ys, ys)), R.sum(final))
+    f = cgvm.compile([H0, W], loss)
+    g = cgvm.compile([H0, W], cgvm.grad(loss, [W]))
+    h0, w0 = np.array([0.3, -0.2, 0.9]), np.array([0.7, 1.2, -0.4])
+    num = numeric_grad(lambda v: float(f(h0, v[0])), [w0.copy()], 0, 1e-6)
+    np.testing.assert_allclose(g(h0, w0)[0], num, rtol=1e-6)

@@ -32,7 +32,9 @@ class CgvmRep(BackendRep):
             outs = self.model.run(inputs)
         else:
             outs = self.model.run(list(inputs))
-        return namedtupledict("Outputs", self.model.output_names)(*[np.asarray(o) for o in outs])
+        # a sequence output is a list of arrays, an empty optional None (as onnxruntime returns them)
+        return namedtupledict("Outputs", self.model.output_names)(
+            *[o if o is None or isinstance(o, list) else np.asarray(o) for o in outs])
 
 
 class CgvmBackend(Backend):

@@ -39,10 +39,20 @@ class ExportContext:
         self.initializers: Dict[str, Any] = {}
         self.names: Dict[int, str] = {}
         self._count = 0
+        self.root = self
 
     def fresh(self, hint: str = "t") -> str:
-        self._count += 1
-        return f"{hint}_{self._count}"
+        root = self.root        # one counter for the model: names are unique across sub-graphs too
+        root._count += 1
+        return f"{hint}_{root._count}"
+
+    def child(self) -> "ExportContext":
+        """A context for a sub-graph (an If branch, a Loop body): its own nodes, the model's
+        initializers and names."""
+        sub = ExportContext(self.workspace)
+        sub.root = self.root
+        sub.initializers = self.initializers
+        return sub
 
     def const(self, arr: Any, hint: str = "const") -> str:
         arr = np.asarray(arr)
@@ -95,8 +105,6 @@ def export_graph(graph: Graph, workspace: Optional[Workspace] = None, *, input_n
     """The ONNX ModelProto of ``graph`` (parameters read from ``workspace``)."""
     import onnx
 
-    from .export_ops import LOWERINGS
-
     ws = workspace if workspace is not None else default_workspace()
     ctx = ExportContext(ws)
     in_names = list(input_names) if input_names is not None else [
@@ -105,26 +113,7 @@ def export_graph(graph: Graph, workspace: Optional[Workspace] = None, *, input_n
         in_names = [f"{n}_{i}" for i, n in enumerate(in_names)]
     for v, n in zip(graph.inputs, in_names):
         ctx.names[id(v)] = n
-    for node in graph.nodes:
-        if node.inputs and all(v.kind == CONST for v in node.inputs) and not getattr(node.op, "stateful", False) \
-                or (not node.inputs and not getattr(node.op, "stateful", False)):
-            # computed from constants only: write the result, not the computation
-            values = eval_graph(Graph([], list(node.outputs)), [])
-            for out, arr in zip(node.outputs, values):
-                ctx.names[id(out)] = ctx.const(np.asarray(arr), node.op.name)
-            continue
-        lower = LOWERINGS.get(node.op.name)
-        if lower is None:
-            raise OnnxExportError(f"{node.where()}: op {node.op.name} has no ONNX lowering")
-        try:
-            outs = lower(ctx, node, [ctx.name(v) for v in node.inputs])
-        except OnnxExportError:
-            raise
-        except (KeyError, ValueError, TypeError) as exc:
-            raise OnnxExportError(f"{node.where()}: cannot be lowered to ONNX: {exc}") from None
-        outs = [outs] if isinstance(outs, str) else list(outs)
-        for v, o in zip(node.outputs, outs):
-            ctx.names[id(v)] = o
+    lower_nodes(ctx, graph.nodes)
     out_names = list(output_names) if output_names is not None else [f"output_{i}" for i in range(len(graph.outputs))]
     outputs = []
     for v, want in zip(graph.outputs, out_names):
@@ -145,6 +134,32 @@ def export_graph(graph: Graph, workspace: Optional[Workspace] = None, *, input_n
         except Exception as exc:
             raise OnnxExportError(f"the exported model fails onnx.checker: {exc}") from None
     return model
+
+
+def lower_nodes(ctx: ExportContext, nodes: Sequence[Any]) -> None:
+    """Every node as ONNX nodes in ``ctx`` (its inputs already named there)."""
+    from .export_ops import LOWERINGS
+
+    for node in nodes:
+        if node.inputs and all(v.kind == CONST for v in node.inputs) and not getattr(node.op, "stateful", False) \
+                or (not node.inputs and not getattr(node.op, "stateful", False)):
+            # computed from constants only: write the result, not the computation
+            values = eval_graph(Graph([], list(node.outputs)), [])
+            for out, arr in zip(node.outputs, values):
+                ctx.names[id(out)] = ctx.const(np.asarray(arr), node.op.name)
+            continue
+        lower = LOWERINGS.get(node.op.name)
+        if lower is None:
+            raise OnnxExportError(f"{node.where()}: op {node.op.name} has no ONNX lowering")
+        try:
+            outs = lower(ctx, node, [ctx.name(v) for v in node.inputs])
+        except OnnxExportError:
+            raise
+        except (KeyError, ValueError, TypeError) as exc:
+            raise OnnxExportError(f"{node.where()}: cannot be lowered to ONNX: {exc}") from None
+        outs = [outs] if isinstance(outs, str) else list(outs)
+        for v, o in zip(node.outputs, outs):
+            ctx.names[id(v)] = o
 
 
 def _version() -> str:

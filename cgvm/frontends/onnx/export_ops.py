@@ -442,3 +442,4 @@ def _tile(ctx, node, ins):
 
 
 from . import export_ops_more  # noqa: E402,F401  (reductions, fused chains, ops added for ONNX)
+from . import export_control  # noqa: E402,F401  (cond -> If, scan -> Loop)

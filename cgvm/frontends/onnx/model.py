@@ -110,7 +110,7 @@ class OnnxModel:
             tr.add_initializer(t, as_param=params)
         tr.check_ops(g)
         for name in self.input_names:
-            value_info_type(self._input_info[name])
+            check_input_type(self._input_info[name])
         self._check_translation(staging)
         for name in list(staging.keys()):
             self.workspace[name] = staging[name]
@@ -131,6 +131,11 @@ class OnnxModel:
             self.workspace = saved
 
     def input_types(self, fixed: Optional[Mapping[str, int]] = None) -> List[TensorType]:
+        for n in self.input_names:
+            kind = self._input_info[n].type.WhichOneof("value")
+            if kind != "tensor_type":
+                raise OnnxImportError(f"graph input {n!r} is a {kind.split('_')[0]}: its length and element "
+                                      "shapes must be known (call the model with concrete inputs)")
         return [value_info_type(self._input_info[n], fixed) for n in self.input_names]
 
     def _translator(self, workspace: Workspace, types: Optional[Sequence[TensorType]],
@@ -140,7 +145,8 @@ class OnnxModel:
         tr = GraphTranslator(opset=self.opset, file=self.file, workspace=workspace, prefix=self.prefix, feeds=feeds)
         for t in g.initializer:
             tr.add_initializer(t, as_param=self._as_params, store=False)
-        types = list(types) if types is not None else self.input_types()
+        if values is None:
+            types = list(types) if types is not None else self.input_types()
         for k, name in enumerate(self.input_names):
             v = values[k] if values is not None else make_input(name, types[k])
             tr.env[name] = v
@@ -169,6 +175,10 @@ class OnnxModel:
     def _graph_and_updates(self, input_types: Optional[Sequence[TensorType]]) -> Tuple[Graph, Dict[Value, Value]]:
         tr = self._translator(self.workspace, input_types, None)
         ins = [tr.env[n] for n in self.input_names]
+        for name, v in zip(self.output_names, tr.outputs):
+            if not isinstance(v, Value):
+                raise OnnxImportError(f"graph output {name!r} is a sequence or an optional: a compiled cgvm "
+                                      "function returns tensors only (call the model instead)")
         return Graph(ins, [_materialize(v) for v in tr.outputs], name=_graph_name(self)), tr.updates
 
     def compile(self, input_types: Optional[Sequence[TensorType]] = None, **kwargs: Any) -> Function:
@@ -192,51 +202,44 @@ class OnnxModel:
         if len(arrays) != len(self.input_names):
             raise OnnxImportError(f"the model takes {len(self.input_names)} inputs {self.input_names}, "
                                   f"got {len(arrays)}")
-        arrays = [np.asarray(a) for a in arrays]
-        want = self.input_types()
-        for name, a, t in zip(self.input_names, arrays, want):
-            if a.dtype != t.dtype.np:
-                raise OnnxImportError(f"input {name!r} has dtype {a.dtype}, the model declares {t.dtype.name}")
-            if len(a.shape) != len(t.shape) or any(d is not None and d != s for d, s in zip(t.shape, a.shape)):
-                raise OnnxImportError(f"input {name!r} has shape {a.shape}, the model declares {t.shape}")
-        key = tuple((a.shape, a.dtype.str) for a in arrays)
+        values = [_as_input(self._input_info[n].type, a, n) for n, a in zip(self.input_names, arrays)]
+        for name, a in zip(self.input_names, values):
+            if isinstance(a, np.ndarray) and self._input_info[name].type.WhichOneof("value") == "tensor_type":
+                t = value_info_type(self._input_info[name])
+                if a.dtype != t.dtype.np:
+                    raise OnnxImportError(f"input {name!r} has dtype {a.dtype}, the model declares {t.dtype.name}")
+                if len(a.shape) != len(t.shape) or any(d is not None and d != s for d, s in zip(t.shape, a.shape)):
+                    raise OnnxImportError(f"input {name!r} has shape {a.shape}, the model declares {t.shape}")
+        key = tuple(_signature(a) for a in values)
         entry = self._cache.get(key)
-        feeds = dict(zip(self.input_names, arrays))
+        feeds = {n: a for n, a in zip(self.input_names, values) if isinstance(a, np.ndarray)}
         if entry is not None and not all(np.array_equal(feeds[n], v) for n, v in entry[0].items()):
             entry = None
         if entry is None:
-            entry = self._specialize(arrays, feeds)
+            entry = self._specialize(values, feeds)
             self._cache[key] = entry
         _, fn, plan = entry
-        live = [arrays[k] for k in plan[0]]
-        res = fn(*live) if fn is not None else []
-        return [res[p[1]] if p[0] == "run" else p[1] for p in plan[1]]
+        leaves: List[np.ndarray] = []
+        for a in values:
+            _leaves(a, leaves)
+        res = fn(*leaves) if fn is not None else []
+        return [_rebuild(p, res) for p in plan[1]]
 
     __call__ = lambda self, *inputs: _single(self.run(list(inputs)))  # noqa: E731
 
-    def _specialize(self, arrays: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]):
-        types = [TensorType(a.shape, a.dtype) for a in arrays]
-        tr = self._translator(self.workspace, types, feeds)
+    def _specialize(self, values: Sequence[Any], feeds: Mapping[str, np.ndarray]):
+        leaves: List[Value] = []
+        env_values = [_input_value(name, a, leaves) for name, a in zip(self.input_names, values)]
+        tr = self._translator(self.workspace, None, feeds, env_values)
         used = {n: feeds[n] for n in tr.used_feeds}
-        ins = [tr.env[n] for n in self.input_names]
         # every input stays an input: a value read as static may still feed nodes built before
-        live_idx = list(range(len(self.input_names)))
-        outs_plan: List[Tuple[str, Any]] = []
         computed: List[Value] = []
-        for v in tr.outputs:
-            if v.kind == CONST:
-                outs_plan.append(("const", np.array(v.data)))
-            elif v.kind == INPUT and any(v is i for i in ins):
-                outs_plan.append(("run", len(computed)))
-                computed.append(shp.contiguous(v))
-            else:
-                outs_plan.append(("run", len(computed)))
-                computed.append(v)
+        outs_plan = [_plan(v, leaves, computed) for v in tr.outputs]
         fn = None
         if computed:
-            fn = cgvm_compile([ins[k] for k in live_idx], computed, workspace=self.workspace, name=_graph_name(self),
+            fn = cgvm_compile(leaves, computed, workspace=self.workspace, name=_graph_name(self),
                               updates=tr.updates or None)
-        return used, fn, (live_idx, outs_plan)
+        return used, fn, (None, outs_plan)
 
     def __repr__(self) -> str:
         return (f"<OnnxModel {_graph_name(self)}: opset {self.opset}, inputs {self.input_names}, "
@@ -246,6 +249,96 @@ class OnnxModel:
 # translation errors that only mean "call me with concrete inputs"
 _DEFERRED = ("must be known", "needs a known shape", "needs known spatial", "must fold to a constant",
              "sequence length and batch size must be known")
+
+
+def check_input_type(vi: Any) -> None:
+    """A graph input is a tensor, a sequence of tensors or an optional of either (checked at load)."""
+    tp = vi.type
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        value_info_type(vi)
+    elif kind == "sequence_type" and tp.sequence_type.elem_type.WhichOneof("value") == "tensor_type":
+        np_dtype(tp.sequence_type.elem_type.tensor_type.elem_type)
+    elif kind == "optional_type":
+        inner = tp.optional_type.elem_type
+        if inner.WhichOneof("value") not in ("tensor_type", "sequence_type"):
+            raise OnnxImportError(f"graph input {vi.name!r} is an optional of a {inner.WhichOneof('value')}: "
+                                  "only optional tensors and sequences are supported")
+    else:
+        raise OnnxImportError(f"graph input {vi.name!r} is a {kind}: only tensors, sequences of tensors and "
+                              "optionals are supported")
+
+
+def _as_input(tp: Any, a: Any, name: str) -> Any:
+    """A run-time input as its declared kind: an array, a list of arrays, or None (an empty optional)."""
+    kind = tp.WhichOneof("value")
+    if kind == "optional_type":
+        return None if a is None else _as_input(tp.optional_type.elem_type, a, name)
+    if kind == "sequence_type":
+        if not isinstance(a, (list, tuple)):
+            raise OnnxImportError(f"input {name!r} is a sequence: give a list of arrays, not {type(a).__name__}")
+        want = np_dtype(tp.sequence_type.elem_type.tensor_type.elem_type)
+        items = [np.asarray(x) for x in a]
+        for k, x in enumerate(items):
+            if x.dtype != want:
+                raise OnnxImportError(f"input {name!r}[{k}] has dtype {x.dtype}, the model declares {want.name}")
+        return items
+    if a is None:
+        raise OnnxImportError(f"input {name!r} is a tensor, not an optional: it must be given")
+    return np.asarray(a)
+
+
+def _signature(a: Any) -> Any:
+    if a is None:
+        return None
+    if isinstance(a, list):
+        return ("seq",) + tuple((x.shape, x.dtype.str) for x in a)
+    return (a.shape, a.dtype.str)
+
+
+def _leaves(a: Any, out: List[Any]) -> None:
+    if isinstance(a, list):
+        out.extend(a)
+    elif a is not None:
+        out.append(a)
+
+
+def _input_value(name: str, a: Any, leaves: List[Value]) -> Any:
+    """The translator's value of one run-time input (a Value, a Sequence of Values, an empty optional);
+    the Values made are appended to ``leaves`` (the compiled function's inputs, in order)."""
+    from .translate import OptionalValue, Sequence as OnnxSequence
+
+    if a is None:
+        return OptionalValue(None)
+    if isinstance(a, list):
+        items = [make_input(f"{name}_{k}", TensorType(x.shape, x.dtype)) for k, x in enumerate(a)]
+        leaves.extend(items)
+        return OnnxSequence(items)
+    v = make_input(name, TensorType(a.shape, a.dtype))
+    leaves.append(v)
+    return v
+
+
+def _plan(v: Any, leaves: Sequence[Value], computed: List[Value]) -> Any:
+    """How one output is read back from the compiled function's results."""
+    from .translate import OptionalValue, Sequence as OnnxSequence
+
+    if isinstance(v, OptionalValue):
+        return ("none",) if v.empty else _plan(v.value, leaves, computed)
+    if isinstance(v, OnnxSequence):
+        return ("seq", [_plan(x, leaves, computed) for x in v])
+    if v.kind == CONST:
+        return ("const", np.array(v.data))
+    computed.append(shp.contiguous(v) if v.kind == INPUT and any(v is i for i in leaves) else v)
+    return ("run", len(computed) - 1)
+
+
+def _rebuild(p: Any, res: Sequence[Any]) -> Any:
+    if p[0] == "seq":
+        return [_rebuild(x, res) for x in p[1]]
+    if p[0] == "none":
+        return None
+    return res[p[1]] if p[0] == "run" else p[1]
 
 
 def _single(outs: List[Any]) -> Any:

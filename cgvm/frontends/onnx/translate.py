@@ -35,8 +35,22 @@ EXTRA_DOMAINS = {"ai.onnx.preview.training": "ai.onnx.preview.training", "ai.onn
 
 
 class Sequence(list):
-    """An ONNX sequence inside a graph: a list of Values whose length is known when translating.
-    (Sequences as graph inputs or outputs are not supported; inside a graph they are plumbing.)"""
+    """An ONNX sequence: a list of Values whose length is known when translating (a sequence graph
+    input is specialized on its length; a sequence output is a list of outputs)."""
+
+
+class OptionalValue:
+    """An ONNX optional: ``value`` is a Value, a Sequence, or None (empty); known when translating."""
+
+    def __init__(self, value: Any = None):
+        self.value = value
+
+    @property
+    def empty(self) -> bool:
+        return self.value is None
+
+
+PLUMBING = (Sequence, OptionalValue)
 
 
 class Rule:
@@ -360,7 +374,7 @@ class GraphTranslator:
                 continue
             if v is None:
                 raise n.error(f"output {name!r} is not supported")
-            if isinstance(v, Sequence):
+            if isinstance(v, PLUMBING):
                 self.env[name] = v
                 continue
             if isinstance(v, np.ndarray):   # computed while translating (from shapes or static inputs)
@@ -406,7 +420,7 @@ class GraphTranslator:
 
     def _fold(self, n: NodeContext, names: Sequence[str]) -> None:
         pending = [(name, self.env[name]) for name in names
-                   if name and not isinstance(self.env[name], Sequence) and self.env[name].kind != CONST]
+                   if name and not isinstance(self.env[name], PLUMBING) and self.env[name].kind != CONST]
         if not pending:
             return
         try:
@@ -427,7 +441,9 @@ class GraphTranslator:
         for t in graph.initializer:
             child.add_initializer(t, as_param=False)
         for vi, (name, val) in zip(graph.input, bound.items()):
-            if isinstance(val, Value):
+            if isinstance(val, PLUMBING):
+                child.env[vi.name] = val
+            elif isinstance(val, Value):
                 child.env[vi.name] = val
                 if val.kind == CONST:
                     child.static[vi.name] = val.data
@@ -467,8 +483,6 @@ class GraphTranslator:
 
     def output_value(self, name: str) -> Value:
         v = self.env.get(name)
-        if isinstance(v, Sequence):
-            raise OnnxImportError(f"graph output {name!r} is a sequence: only tensor outputs are supported")
         if v is None:
             raise OnnxImportError(f"graph output {name!r} is not produced by any node"
                                   + (f" in {self.file}" if self.file else ""))

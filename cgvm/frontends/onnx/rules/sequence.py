@@ -1,6 +1,7 @@
-"""Sequence ops inside a graph (SequenceConstruct/Empty/Insert/At/Erase/Length, SplitToSequence,
+"""Sequence ops (SequenceConstruct/Empty/Insert/At/Erase/Length, SplitToSequence,
 ConcatFromSequence): a sequence is a list of Values whose length and positions are known when the
-model is translated; and the training-preview Gradient op, computed by cgvm.grad."""
+model is translated; optionals (Optional, OptionalHasElement, OptionalGetElement), whose emptiness
+is known then too; and the training-preview Gradient op, computed by cgvm.grad."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,7 @@ import numpy as np
 from cgvm.ops import join as J
 from cgvm.ops import shape as shp
 
-from ..translate import Sequence, rule
+from ..translate import OptionalValue, Sequence, rule
 from .common import axis_of, ints
 
 
@@ -85,6 +86,43 @@ def _concat_from_sequence(n):
     if n.attr("new_axis", 0):
         return J.stack(*seq, axis=axis_of(n.attr("axis"), seq[0].ndim + 1))
     return J.concat(*seq, axis=axis_of(n.attr("axis"), seq[0].ndim))
+
+
+@rule("SequenceMap")
+def _sequence_map(n):
+    """The body applied to each position of the sequences (tensor inputs are given whole each time)."""
+    body = n.subgraph("body")
+    seq = _seq(n, 0)
+    for k, v in enumerate(n.inputs[1:], 1):
+        if isinstance(v, Sequence) and len(v) != len(seq):
+            raise n.error(f"input {k} is a sequence of {len(v)} values, input 0 of {len(seq)}")
+    results = [Sequence() for _ in body.output]
+    for i in range(len(seq)):
+        bound = {f"in{k}": (v[i] if isinstance(v, Sequence) else v) for k, v in enumerate(n.inputs)}
+        for r, out in zip(results, n.run_subgraph(body, bound)):
+            r.append(out)
+    return results
+
+
+@rule("Optional")
+def _optional(n):
+    return [OptionalValue(n.inputs[0] if n.has_input(0) else None)]
+
+
+@rule("OptionalHasElement")
+def _optional_has_element(n):
+    v = n.inputs[0] if n.has_input(0) else None
+    return np.asarray(v is not None and not (isinstance(v, OptionalValue) and v.empty))
+
+
+@rule("OptionalGetElement")
+def _optional_get_element(n):
+    v = n.input(0)
+    if isinstance(v, OptionalValue):
+        if v.empty:
+            raise n.error("OptionalGetElement of an empty optional")
+        v = v.value
+    return [v]
 
 
 @rule("Gradient", domain="ai.onnx.preview.training", fold=False)

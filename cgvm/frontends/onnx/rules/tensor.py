@@ -15,7 +15,7 @@ from .common import axes_of, axis_of, ints
 
 @rule("Identity")
 def _identity(n):
-    return n.input(0)
+    return [n.input(0)]     # (in a list: the input may be a sequence, itself a list)
 
 
 @rule("Constant")
