@@ -352,11 +352,22 @@ def fail(reason: str, details: str = "", code: int = 1) -> None:
     if g is None or g.size <= 1 or getattr(g, "_aborting", False):
         return
     g._aborting = True
-    if details:
-        sys.stderr.write(details)
-    sys.stderr.write(f"cgvm.distributed: rank {g.rank} of {g.size} failed: {reason}; aborting all ranks\n")
+    if details and not details.endswith("\n"):
+        details += "\n"
+    # one write: the launcher merges every rank's stderr, and ranks failing together must not
+    # interleave inside each other's lines
     sys.stderr.flush()
+    _write_all(2, (details + f"cgvm.distributed: rank {g.rank} of {g.size} failed: {reason}; aborting all "
+                             f"ranks\n").encode("utf-8", "replace"))
     g.abort(code)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        try:
+            data = data[os.write(fd, data):]
+        except OSError:
+            return
 
 
 _exit_status: Dict[str, Any] = {"code": 0}
