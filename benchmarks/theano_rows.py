@@ -164,7 +164,8 @@ def _nnet(theano: Any, T: Any) -> Tuple[Any, Any]:
         return T.nnet.sigmoid, T.nnet.softmax
     from pytensor.tensor.special import softmax
 
-    return T.sigmoid, lambda x: softmax(x, axis=-1)
+    # Theano's softmax of a vector is a 1 x n row (the tutorial indexes s[:, 0, :]); PyTensor's a vector
+    return T.sigmoid, lambda x: softmax(x.dimshuffle("x", 0) if x.ndim == 1 else x, axis=-1)
 
 
 def rnnslu_train() -> Row:
