@@ -222,3 +222,30 @@ def test_the_reference_interpreter_subclasses_and_keeps_intermediates():
     got = cgvm.eval_graph(Graph([xs, x], [last]), [seq, xv], interpreter=Counting)[0]
     np.testing.assert_allclose(got, xv + seq.sum(0))
     assert Counting.seen.count("add") == 4 and "scan" in Counting.seen   # the body ran with the subclass too
+
+
+def _runs_dot(frame):
+    return any(v is np.dot for v in frame.run.__globals__.values())
+
+
+def test_tiny_float_products_run_through_numpy_dot_with_matmul_numbers():
+    """Per signature a small 2-D float product takes numpy.dot (half of matmul's dispatch on tiny
+    matrices); a large one, a batched one and an integer one keep matmul. Same numbers either way."""
+    from cgvm.ops import linalg as L
+
+    rng = np.random.default_rng(4)
+    for dtype in (np.float32, np.float64):
+        a, b = (input_value(TensorType((None, None), dtype.__name__), n) for n in "ab")
+        f = cgvm.compile([a, b], E.tanh(L.matmul(a, b)))
+        av, bv = rng.standard_normal((3, 5)).astype(dtype), rng.standard_normal((5, 4)).astype(dtype)
+        np.testing.assert_array_equal(f(av, bv), np.tanh(np.matmul(av, bv)))
+        frame = list(f.executable.frames.values())[0]
+        assert _runs_dot(frame)
+        big = rng.standard_normal((80, 80)).astype(dtype)
+        np.testing.assert_array_equal(f(big, big), np.tanh(np.matmul(big, big)))
+        assert not _runs_dot(list(f.executable.frames.values())[-1])
+    i, j = (input_value(TensorType((None, None), "int64"), n) for n in "ij")
+    g = cgvm.compile([i, j], L.matmul(i, j))
+    iv = rng.integers(-3, 3, (3, 3))
+    np.testing.assert_array_equal(g(iv, iv), iv @ iv)
+    assert not _runs_dot(list(g.executable.frames.values())[0])
