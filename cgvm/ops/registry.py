@@ -70,7 +70,8 @@ class OpDef(OpSchema):
                  ufunc: Optional[str] = None, stateful: bool = False, needs_runtime: bool = False,
                  multi_out: bool = False, shape_only: Sequence[int] = (), runs_gemm: bool = False,
                  nonnegative: Union[bool, Callable[[Any], bool]] = False, fill: Optional[float] = None,
-                 activation: Union[None, str, Callable[[Any], Optional[str]]] = None, **schema: Any):
+                 activation: Union[None, str, Callable[[Any], Optional[str]]] = None, fresh_out: bool = False,
+                 **schema: Any):
         super().__init__(name, **schema)
         self.pattern = pattern
         self.inplace = tuple(inplace)
@@ -85,6 +86,10 @@ class OpDef(OpSchema):
         self.multi_out = multi_out
         self.shape_only = frozenset(shape_only)   # input positions read for shape and dtype only
         self.runs_gemm = runs_gemm
+        # given no buffer, the kernel works out its result's shape (a broadcast of every operand),
+        # which costs more than an allocation: where the shape is known and no buffer is planned
+        # (a program's outputs) the VM passes it a fresh array of that shape
+        self.fresh_out = fresh_out
         self._nonnegative = nonnegative
         self.fill = fill
         self._activation = activation

@@ -132,6 +132,13 @@ class Executable:
         in_place = updates.in_place if updates is not None else {}
         # False marks outputs whose kernel cannot take a buffer in this frame: never refilled
         recycle_bin: List[Any] = [None if i in recycled.values() else False for i in range(len(self.recyclable))]
+        fresh = {}   # unplanned results of known shape whose kernels would work the shape out per call
+        for ins in prog.instrs:
+            if ins.opcode == CALL and len(ins.results) == 1 and prog.nodes[ins.node].op.fresh_out:
+                r = ins.results[0]
+                t = types[r]
+                if r not in views and r not in recycled and t.is_concrete and t.ndim > 0:
+                    fresh[r] = (tuple(t.shape), t.dtype.np)
         consts = self._consts
         if prog.const_slots is not self.program.const_slots:   # specialization's constants for this signature
             given = dict(self.program.const_slots)
@@ -141,7 +148,7 @@ class Executable:
                 consts.update((s, self.backend.asarray(a)) for s, a in changed)
         run, line_pc = lower(prog, kernels, views, consts, scalar_outputs, self.backend.xp.asarray,
                              self.workspace._data, lambda exc, lp: self._threaded_error(exc, lp, prog), recycled,
-                             recycle_bin, in_place, self.update_held)
+                             recycle_bin, in_place, self.update_held, fresh, self.backend.xp.empty)
         return Frame(run, prog, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
 
     def _kernels_with_scratch(self, prog: Program, plan: Any, buffers: List[Any],
