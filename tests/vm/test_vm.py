@@ -249,3 +249,18 @@ def test_tiny_float_products_run_through_numpy_dot_with_matmul_numbers():
     iv = rng.integers(-3, 3, (3, 3))
     np.testing.assert_array_equal(g(iv, iv), iv @ iv)
     assert not _runs_dot(list(g.executable.frames.values())[0])
+
+
+def test_a_fused_output_of_known_shape_gets_a_fresh_array_on_every_call():
+    """The VM allocates the output of a fused chain (its kernel would broadcast every operand to find
+    the shape): a new array per call, never one the caller already holds."""
+    x, y = (input_value(TensorType((None, None)), n) for n in "xy")
+    f = cgvm.compile([x, y], E.tanh(E.mul(E.add(x, y), 2.0)))
+    xv, yv = np.ones((2, 3), np.float32), np.full((1, 3), 0.5, np.float32)
+    first = f(xv, yv)
+    source = list(f.executable.frames.values())[0].run.__cgvm_source__
+    assert "out=_empty(" in source
+    second = f(xv, yv)
+    assert first is not second and not np.shares_memory(first, second)
+    np.testing.assert_array_equal(second, np.tanh((xv + yv) * np.float32(2)))
+    assert second.shape == (2, 3) and second.dtype == np.float32
