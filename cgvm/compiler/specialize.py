@@ -128,7 +128,7 @@ def _fold_shape_constants(program: Program, calls: List[Instr], types: Sequence[
                for r, v in zip(ins.results, values)):
             continue
         for r, v in zip(ins.results, values):
-            if not v.flags.c_contiguous:   # a broadcast seed: ufuncs read contiguous operands fastest
+            if not v.flags.c_contiguous and v.nbytes <= MAX_FOLDED_BYTES:   # ufuncs read small contiguous operands fastest
                 v = np.ascontiguousarray(v)
             consts[r] = folded[r] = v
             at[r] = i

@@ -159,3 +159,12 @@ def test_small_constants_are_broadcast_once_to_the_shape_their_readers_want():
     f = cgvm.compile([x], out)
     xv = np.random.default_rng(3).standard_normal((3, 5)).astype(np.float32)
     np.testing.assert_array_equal(f(xv), np.tanh(xv - mu))
+
+
+def test_a_large_folded_broadcast_stays_a_view():
+    """A seed broadcast to a large shape is folded as the zero-stride view it is, not materialized."""
+    x = _unknown("x")
+    seed = S.broadcast_like(E.mul(S.ones_like(R.sum(x)), 0.5), x)
+    _, after = _program(Graph([x], [E.mul(seed, x)]), (300, 300))
+    big = [a for _, a in after.const_slots if a.shape == (300, 300)]
+    assert len(big) == 1 and big[0].strides == (0, 0)
