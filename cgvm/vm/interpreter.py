@@ -59,6 +59,7 @@ class Executable:
             ensure_configured()
         xp = self.backend.xp
         self.kernels = [node.op.bind(xp, node.attrs, runtime=runtime) for node in program.nodes]
+        self._bound = list(self.kernels)   # a kernel someone swapped in (a profiler's timed one) is kept
         # the per-signature stages (cgvm.compiler.passes.SIGNATURE_STAGES), given by the compiler:
         # (program, known slot types) -> a record with .program (for this signature), .types (of
         # every slot), .plan (the memory plan or None) and .updates (recycled outputs, in-place updates)
@@ -158,7 +159,8 @@ class Executable:
         kernels = {pc: self.kernels[ins.node] for pc, ins in enumerate(prog.instrs) if ins.opcode == CALL}
         xp = self.backend.xp
         for pc, ins in enumerate(prog.instrs):
-            if ins.opcode == CALL and all(types[s].is_concrete for s in ins.args + ins.results):
+            if (ins.opcode == CALL and self.kernels[ins.node] is self._bound[ins.node]
+                    and all(types[s].is_concrete for s in ins.args + ins.results)):
                 node = prog.nodes[ins.node]
                 typed = node.op.typed_kernel(xp, node.attrs, [types[s] for s in ins.args],
                                              [types[s] for s in ins.results])
