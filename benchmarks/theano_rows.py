@@ -3,7 +3,7 @@ of a training function, MLP step, RNN scan forward and forward+grad)."""
 from __future__ import annotations
 
 import time
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import numpy as np
 
@@ -158,5 +158,61 @@ def mlp_step_float64() -> Row:
     return row
 
 
+def _nnet(theano: Any, T: Any) -> Tuple[Any, Any]:
+    """(sigmoid, softmax) under each framework's own names."""
+    if "cgvm" in theano.__name__:
+        return T.nnet.sigmoid, T.nnet.softmax
+    from pytensor.tensor.special import softmax
+
+    # Theano's softmax of a vector is a 1 x n row (the tutorial indexes s[:, 0, :]); PyTensor's a vector
+    return T.sigmoid, lambda x: softmax(x.dimshuffle("x", 0) if x.ndim == 1 else x, axis=-1)
+
+
+def rnnslu_train() -> Row:
+    """Many small calls with a new length each: the rnnslu tutorial's Elman RNN (ATIS sizes, float64),
+    one sentence trained by ``sentence_train`` (scan over its words, BPTT, SGD on every parameter)
+    and the embeddings renormalized, sentences of 6 to 17 words in turn."""
+    row = Row("theano.scan rnnslu-style small calls: Elman RNN train + normalize per sentence "
+              "(vocabulary 572, embedding 50x7, hidden 200, 127 classes), float64", number=24)
+    rng = np.random.default_rng(2)
+    ne, de, cs, nh, nc = 572, 50, 7, 200, 127
+    init = [0.2 * rng.uniform(-1, 1, shape) for shape in ((ne + 1, de), (de * cs, nh), (nh, nh), (nh, nc))]
+    sentences = []
+    for n in (9, 14, 6, 17, 11, 8):
+        words = list(rng.integers(0, ne, n))
+        padded = [-1] * (cs // 2) + words + [-1] * (cs // 2)
+        sentences.append(([np.asarray(padded[i:i + cs], np.int32) for i in range(n)],
+                          rng.integers(0, nc, n).astype(np.int32)))
+    for name, (theano, T) in _frameworks():
+        sigmoid, softmax = _nnet(theano, T)
+        emb, wx, wh, w = (theano.shared(v.copy(), name=k) for v, k in zip(init, ("emb", "wx", "wh", "w")))
+        bh, b, h0 = (theano.shared(np.zeros(k), name=n) for k, n in ((nh, "bh"), (nc, "b"), (nh, "h0")))
+        params = [emb, wx, wh, w, bh, b, h0]
+        idxs = T.imatrix()
+        x = emb[idxs].reshape((idxs.shape[0], de * cs))
+        y_sentence = T.ivector("y_sentence")
+
+        def recurrence(x_t, h_tm1, T=T, sigmoid=sigmoid, softmax=softmax, wx=wx, wh=wh, bh=bh, w=w, b=b):
+            h_t = sigmoid(T.dot(x_t, wx) + T.dot(h_tm1, wh) + bh)
+            return [h_t, softmax(T.dot(h_t, w) + b)]
+
+        [h, s] = _scan(theano, recurrence, sequences=x, outputs_info=[h0, None], n_steps=x.shape[0])
+        p_y = s[:, 0, :]
+        lr = T.scalar("lr")
+        nll = -T.mean(T.log(p_y)[T.arange(x.shape[0]), y_sentence])
+        grads = T.grad(nll, params)
+        train = theano.function([idxs, y_sentence, lr], nll, updates=[(p, p - lr * g) for p, g in zip(params, grads)])
+        normalize = theano.function([], updates={emb: emb / T.sqrt((emb ** 2).sum(axis=1)).dimshuffle(0, "x")})
+        state = {"k": 0}
+
+        def call(train=train, normalize=normalize, state=state):
+            words, labels = sentences[state["k"] % len(sentences)]
+            state["k"] += 1
+            train(words, labels, 0.0970806646812754)
+            normalize()
+        row.add(name, call)
+    return row
+
+
 def rows(quick: bool = False) -> List[Row]:
-    return [call_overhead(), compile_time(), mlp_step(), small_scan(), mlp_step_float64()] + rnn_rows()
+    return [call_overhead(), compile_time(), mlp_step(), small_scan(), rnnslu_train(), mlp_step_float64()] + rnn_rows()

@@ -1,7 +1,7 @@
 """Codegen: a graph in topological order becomes a Program over integer slots, with FREEs after last uses."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..ir.graph import CONST, PARAM, Graph, Value
 from ..vm.bytecode import CALL, FREE, RET, Instr, Program, leaf_slots
@@ -21,11 +21,12 @@ def with_frees(calls: Sequence[Instr], keep: Set[int]) -> List[Instr]:
     return out
 
 
-def assemble(calls: Sequence[Instr], output_slots: Sequence[int], like: Program) -> Program:
-    """``like`` with these CALLs and outputs: a FREE after each value's last use (never of what
-    comes from or leaves the program), then RET."""
+def assemble(calls: Sequence[Instr], output_slots: Sequence[int], like: Program,
+             const_slots: Optional[Sequence[Tuple[int, Any]]] = None) -> Program:
+    """``like`` with these CALLs and outputs (and constants, if given): a FREE after each value's
+    last use (never of what comes from or leaves the program), then RET."""
     return _program(calls, tuple(output_slots), like.nodes, like.slot_names, like.slot_types, like.input_slots,
-                    like.param_slots, like.const_slots, like.name)
+                    like.param_slots, like.const_slots if const_slots is None else const_slots, like.name)
 
 
 def _program(calls: Sequence[Instr], output_slots: Tuple[int, ...], nodes: Sequence[Any], names: Sequence[str],

@@ -5,7 +5,10 @@
   reads enters as a contiguous copy: the copy is made once, and every step's GEMM runs on a
   plain matrix (the backward step of an RNN, ``g @ U^T``, took 20 us instead of 8-12).
 - prune_loop_outputs: per-step outputs nobody reads are dropped from the body (so the work
-  behind them goes too), and carries whose stacked history nobody reads are not stacked.
+  behind them goes too), and carries whose stacked history nobody reads are not stacked. The
+  last row of a carry's stack (``all_pos[-1]``, an HMC sampler's final position) is read from the
+  final carry, where the loop surely runs all its steps and at least one: the history is then
+  often read by nobody (Theano's scan_save_mem).
 """
 from __future__ import annotations
 
@@ -74,7 +77,45 @@ def hoist_loop_invariants(graph: Graph) -> Graph:
     return rewrite(graph, rule)
 
 
+def _computed_in_body(v: Value) -> bool:
+    """``v`` is made by a node of the body, not (a view of) a body input the step hands back as is."""
+    while v.node is not None and v.node.op.view:
+        v = v.node.inputs[0]
+    return v.node is not None
+
+
+def _last_row_of_stack(node, inputs):
+    """``squeeze(stack[-1:], 0)`` of a carry's stack -> the scan's final carry."""
+    if node.op.name != "squeeze" or tuple(node.attrs["axis"] or ()) != (0,):
+        return None
+    sl = inputs[0].node
+    if sl is None or sl.op.name != "slice" or tuple(sl.attrs["axes"] or ()) != (0,):
+        return None
+    if (tuple(sl.attrs["starts"] or ()) != (-1,) or tuple(sl.attrs["stops"] or (None,)) != (None,)
+            or tuple(sl.attrs["steps"] or (None,)) not in ((None,), (1,))):
+        return None
+    scan = sl.inputs[0].node
+    if scan is None or scan.op.name != "scan":
+        return None
+    a = scan.attrs
+    steps = a["n_steps"]
+    if (steps is None or steps < 1 or a["dyn_steps"] or a["has_until"] or a["truncate"] >= 0
+            or (a["seq_order"] and a["go_backwards"])):
+        return None
+    C = a["n_carry"]
+    stacked = list(range(C)) if a["stacked"] is None else list(a["stacked"])
+    j = next((j for j, v in enumerate(scan.outputs[C:C + len(stacked)]) if v is sl.inputs[0]), None)
+    if j is None:
+        return None
+    k = stacked[j]
+    final = scan.outputs[k]
+    if not _computed_in_body(a["body"].outputs[k]) or final.type != node.outputs[0].type:
+        return None
+    return [final]
+
+
 def prune_loop_outputs(graph: Graph) -> Graph:
+    graph = rewrite(graph, _last_row_of_stack)
     used = {id(v) for n in graph.nodes for v in n.inputs} | {id(v) for v in graph.outputs}
 
     def rule(node, inputs):

@@ -3,7 +3,7 @@
 Two walks over the graph (``rewrite``), each rule looking at a node and its rewritten inputs:
 
 1. Local rules, true for every value (no use counts needed):
-   * algebra: ``x*1``, ``x+0``, ``x-0``, ``x/1``, ``neg(neg x)``, ``log(exp x)`` -> x (the 0 or 1 a
+   * algebra: ``x*1``, ``x+0``, ``x-0``, ``x/1``, ``x**1``, ``neg(neg x)``, ``log(exp x)`` -> x, ``x**2`` -> square(x) (the 0 or 1 a
      constant or a zeros_like/ones_like, as autodiff makes for zero gradients);
      ``exp(log x)`` -> x only where x cannot be negative (an exp, sqrt, square, abs, relu,
      sigmoid, softplus or softmax output); ``transpose(transpose x)`` -> one transpose (or x),
@@ -145,6 +145,19 @@ def _div(node, inputs):
         return x
     x = _sink_where(node, inputs, (0,))
     return x if x is not None else _manual_softmax(node, inputs)
+
+
+def _pow(node, inputs):
+    """``x ** 1`` -> x and ``x ** 2`` -> square(x) for float x (a weight decay's ``(W ** 2).sum()`` and its
+    gradient ``2 * W ** 1``: the generic power costs several times a multiply, per element)."""
+    x, c = inputs
+    if c.kind != CONST or c.data.size != 1 or not x.dtype.is_float or not _passes_through(x, c, node.outputs[0]):
+        return None
+    if _is_const(c, 1.0):
+        return x
+    if _is_const(c, 2.0):
+        return build(ew.square, [x], {}, node)
+    return None
 
 
 def _neg(node, inputs):
@@ -343,7 +356,7 @@ def _categorical_crossentropy(node, inputs):
 # --------------------------------------------------------------------------- the local walk
 
 LOCAL_RULES: Dict[str, Simplification] = {
-    "mul": _mul, "add": _add, "sub": _sub, "div": _div, "neg": _neg, "exp": _exp, "log": _log, "log1p": _log1p,
+    "mul": _mul, "add": _add, "sub": _sub, "div": _div, "neg": _neg, "pow": _pow, "exp": _exp, "log": _log, "log1p": _log1p,
     "transpose": _transpose, "reshape": _reshape, "cast": _cast,
     "flatten": _shape_view, "reshape_like": _shape_view, "broadcast_to": _shape_view,
     "broadcast_like": _shape_view, "expand_dims": _shape_view, "squeeze": _shape_view, "sum_to_like": _shape_view,

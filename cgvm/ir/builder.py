@@ -71,9 +71,14 @@ def _describe(vals: Sequence[Value]) -> str:
 
 
 def clone_node(node: Node, inputs: Sequence[Value], attrs: Optional[Mapping[str, Any]] = None) -> Tuple[Value, ...]:
-    """Rebuild ``node`` over new inputs (types re-inferred), keeping name and source."""
+    """Rebuild ``node`` over new inputs (types re-inferred), keeping its name, its outputs' names (a
+    Theano variable's name, which names its scope in TensorBoard) and source."""
     out = apply(node.op, inputs, dict(node.attrs if attrs is None else attrs), name=node.name, source=node.source)
-    return out if isinstance(out, tuple) else (out,)
+    outs = out if isinstance(out, tuple) else (out,)
+    for old, new in zip(node.outputs, outs):
+        if old.name is not None and new.name is None:
+            new.name = old.name
+    return outs
 
 
 def rebuild(outputs: Sequence[Value], replace: Mapping[int, Value]) -> list:

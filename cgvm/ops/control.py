@@ -103,6 +103,12 @@ scan = defop("scan", num_inputs=(0, None), num_outputs=_scan_outputs, pattern=OP
                     "stacked": Ints(None), "seq_order": Bool(False)})
 
 
+#: a loop of at least this many steps reads its GEMM operands from cache-line aligned copies: the
+#: copy of a weight matrix costs about what a few steps' products gain (a sentence of an rnnslu
+#: tutorial, 6-17 steps, paid more for copying its 350x200 weights than its products won)
+REALIGN_MIN_STEPS = 32
+
+
 def _steady_loop(n_seqs: int, n_carry: int, n_nonseq: int, kept: Sequence[int], go_backwards: bool,
                  has_until: bool, unread_seqs: Sequence[int] = (), seq_order: bool = False):
     """The loop over steps t0..active-1 once the step's shapes are fixed, generated as straight-line
@@ -166,8 +172,6 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
     def scan_kernel(*inputs):
         seqs, inits, rest = _split(inputs, n_seqs, n_carry)
         nonseqs = list(rest[:-1] if dyn_steps else rest)
-        for k in realign:
-            nonseqs[k] = aligned(xp, nonseqs[k])
         steps = int(rest[-1]) if dyn_steps else n_steps
         if steps is None:
             if not seqs:
@@ -177,6 +181,9 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
             raise ValueError(f"scan: n_steps={steps} but a sequence has only "
                              f"{min(s.shape[0] for s in seqs)} entries")
         active = steps if truncate < 0 else min(steps, truncate)
+        if active >= REALIGN_MIN_STEPS:
+            for k in realign:
+                nonseqs[k] = aligned(xp, nonseqs[k])
         # a loop that may stop early (a while loop: until, no sequences) stacks into rows that grow
         # as it runs, so a bound far above the steps taken (or none: the largest int64) costs nothing
         growing = has_until and not seqs and not go_backwards and not seq_order

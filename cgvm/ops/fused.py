@@ -121,7 +121,7 @@ def _fused_infer(types: Sequence[TensorType], program: Program, dtype: DType, sh
 
 
 fused_elementwise = defop(
-    "fused_elementwise", num_inputs=(0, None), pattern=OPAQUE, inplace=((0, 0),), infer=_fused_infer,
+    "fused_elementwise", num_inputs=(0, None), pattern=OPAQUE, inplace=((0, 0),), infer=_fused_infer, fresh_out=True,
     attrs={"program": Any_(), "dtype": DTypeAttr(), "shape_from_first": Bool(False)},
     doc="A chain of elementwise ufuncs run into one buffer: program = ((ufunc, operands), ...), an operand "
         "being an input index, 'acc' (the chain so far) or ('lit', value, dtype). Made by the fusion pass.")

@@ -70,7 +70,8 @@ class OpDef(OpSchema):
                  ufunc: Optional[str] = None, stateful: bool = False, needs_runtime: bool = False,
                  multi_out: bool = False, shape_only: Sequence[int] = (), runs_gemm: bool = False,
                  nonnegative: Union[bool, Callable[[Any], bool]] = False, fill: Optional[float] = None,
-                 activation: Union[None, str, Callable[[Any], Optional[str]]] = None, **schema: Any):
+                 activation: Union[None, str, Callable[[Any], Optional[str]]] = None, fresh_out: bool = False,
+                 **schema: Any):
         super().__init__(name, **schema)
         self.pattern = pattern
         self.inplace = tuple(inplace)
@@ -85,6 +86,10 @@ class OpDef(OpSchema):
         self.multi_out = multi_out
         self.shape_only = frozenset(shape_only)   # input positions read for shape and dtype only
         self.runs_gemm = runs_gemm
+        # given no buffer, the kernel works out its result's shape (a broadcast of every operand),
+        # which costs more than an allocation: where the shape is known and no buffer is planned
+        # (a program's outputs) the VM passes it a fresh array of that shape
+        self.fresh_out = fresh_out
         self._nonnegative = nonnegative
         self.fill = fill
         self._activation = activation
@@ -95,6 +100,7 @@ class OpDef(OpSchema):
         self._factory: Optional[Callable[..., KernelFn]] = None
         self._grad: Optional[GradFn] = None
         self._scratch: Optional[ScratchFn] = None
+        self._typed_kernel: Optional[Callable[..., Optional[KernelFn]]] = None
 
     # -- declaration decorators ------------------------------------------------
     def kernel(self, fn: KernelFn) -> KernelFn:
@@ -122,6 +128,13 @@ class OpDef(OpSchema):
         fastest method, allocating, when it gets None.
         """
         self._scratch = fn
+        return fn
+
+    def kernel_for_types(self, fn: Callable[..., Optional[KernelFn]]) -> Callable[..., Optional[KernelFn]]:
+        """``fn(xp, in_types, out_types, **attrs) -> kernel | None``: a kernel chosen once per input
+        signature, for concrete types (None: the bound kernel). For entry points that cost less
+        on some shapes (a tiny matrix product through ``numpy.dot``); it must compute the same values."""
+        self._typed_kernel = fn
         return fn
 
     def identity_when(self, fn: IdentityFn) -> IdentityFn:
@@ -177,6 +190,13 @@ class OpDef(OpSchema):
         return act(node) if callable(act) else act
 
     # -- use ---------------------------------------------------------------------
+    def typed_kernel(self, xp: Any, attrs: Mapping[str, Any], in_types: Sequence[Any],
+                     out_types: Sequence[Any]) -> Optional[KernelFn]:
+        """The kernel ``@kernel_for_types`` picks for these concrete types, or None."""
+        if self._typed_kernel is None:
+            return None
+        return self._typed_kernel(xp, list(in_types), list(out_types), **attrs)
+
     def scratch_bytes(self, in_types: Sequence[Any], attrs: Mapping[str, Any]) -> Tuple[int, ...]:
         """Bytes of scratch of the kernel's methods for ``in_types``, fastest first (() for none)."""
         if self._scratch is None:

@@ -73,9 +73,21 @@ def _expand_infer(types, axis):
 expand_dims = defop("expand_dims", view=True, attrs={"axis": Ints()}, infer=_expand_infer)
 
 
-@expand_dims.kernel
-def _(xp, x, *, axis):
-    return xp.expand_dims(x, axis)
+@expand_dims.kernel_factory
+def _(xp, axis):
+    positions: dict = {}   # rank of x -> the sorted positions of the new axes (ranks rarely vary)
+
+    def kernel(x):
+        # numpy.expand_dims is this reshape behind a Python-level axis normalization that cost more
+        # than the reshape (an RNN gradient step calls it for every bias and softmax row)
+        at = positions.get(x.ndim)
+        if at is None:
+            at = positions[x.ndim] = sorted(normalize_axes(axis, x.ndim + len(axis)))
+        shape = list(x.shape)
+        for a in at:
+            shape.insert(a, 1)
+        return x.reshape(shape)
+    return kernel
 
 
 @expand_dims.grad

@@ -59,6 +59,7 @@ class Executable:
             ensure_configured()
         xp = self.backend.xp
         self.kernels = [node.op.bind(xp, node.attrs, runtime=runtime) for node in program.nodes]
+        self._bound = list(self.kernels)   # a kernel someone swapped in (a profiler's timed one) is kept
         # the per-signature stages (cgvm.compiler.passes.SIGNATURE_STAGES), given by the compiler:
         # (program, known slot types) -> a record with .program (for this signature), .types (of
         # every slot), .plan (the memory plan or None) and .updates (recycled outputs, in-place updates)
@@ -129,20 +130,45 @@ class Executable:
                     start = plan.offsets[s]
                     views[s] = buffers[sid][start:start + t.nbytes].view(t.dtype.np).reshape(t.shape)
         scalar_outputs = [s for s in prog.output_slots if types[s].ndim == 0]
-        kernels = self._kernels_with_scratch(prog, plan, buffers)
+        kernels = self._kernels_with_scratch(prog, plan, buffers, types)
         # the plan's recycled outputs and parameters updated in place (cgvm.compiler.liveness)
         recycled = updates.recycled if updates is not None else {}
         in_place = updates.in_place if updates is not None else {}
         # False marks outputs whose kernel cannot take a buffer in this frame: never refilled
         recycle_bin: List[Any] = [None if i in recycled.values() else False for i in range(len(self.recyclable))]
-        run, line_pc = lower(prog, kernels, views, self._consts, scalar_outputs, self.backend.xp.asarray,
+        fresh = {}   # unplanned results of known shape whose kernels would work the shape out per call
+        for ins in prog.instrs:
+            if ins.opcode == CALL and len(ins.results) == 1 and prog.nodes[ins.node].op.fresh_out:
+                r = ins.results[0]
+                t = types[r]
+                if r not in views and r not in recycled and t.is_concrete and t.ndim > 0:
+                    fresh[r] = (tuple(t.shape), t.dtype.np)
+        consts = self._consts
+        if prog.const_slots is not self.program.const_slots:   # specialization's constants for this signature
+            given = dict(self.program.const_slots)
+            changed = [(s, a) for s, a in prog.const_slots if given.get(s) is not a]
+            if changed:
+                consts = dict(consts)
+                consts.update((s, self.backend.asarray(a)) for s, a in changed)
+        run, line_pc = lower(prog, kernels, views, consts, scalar_outputs, self.backend.xp.asarray,
                              self.workspace._data, lambda exc, lp: self._threaded_error(exc, lp, prog), recycled,
-                             recycle_bin, in_place, self.update_held)
+                             recycle_bin, in_place, self.update_held, fresh, self.backend.xp.empty)
         return Frame(run, prog, types, plan, buffers, line_pc=line_pc, recycle_bin=recycle_bin)
 
-    def _kernels_with_scratch(self, prog: Program, plan: Any, buffers: List[Any]) -> Dict[int, Callable]:
-        """pc -> kernel, with its planned scratch block bound as ``scratch=`` where the plan gives one."""
+    def _kernels_with_scratch(self, prog: Program, plan: Any, buffers: List[Any],
+                              types: Sequence[TensorType]) -> Dict[int, Callable]:
+        """pc -> kernel (the op's choice for these types where it makes one), with its planned scratch
+        block bound as ``scratch=`` where the plan gives one."""
         kernels = {pc: self.kernels[ins.node] for pc, ins in enumerate(prog.instrs) if ins.opcode == CALL}
+        xp = self.backend.xp
+        for pc, ins in enumerate(prog.instrs):
+            if (ins.opcode == CALL and self.kernels[ins.node] is self._bound[ins.node]
+                    and all(types[s].is_concrete for s in ins.args + ins.results)):
+                node = prog.nodes[ins.node]
+                typed = node.op.typed_kernel(xp, node.attrs, [types[s] for s in ins.args],
+                                             [types[s] for s in ins.results])
+                if typed is not None:
+                    kernels[pc] = typed
         for pc, (sid, offset, nbytes) in (plan.scratch.items() if plan is not None else ()):
             kernels[pc] = functools.partial(kernels[pc], scratch=buffers[sid][offset:offset + nbytes])
         return kernels

@@ -19,7 +19,9 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
           scalar_outputs: Sequence[int], asarray: Callable, params: Any,
           on_error: Callable[[BaseException, Dict[int, int]], None],
           recycled: Optional[Dict[int, int]] = None, recycle_bin: Optional[list] = None,
-          in_place: Optional[Dict[int, int]] = None, held_in_place: bool = False) -> Tuple[Callable, Dict[int, int]]:
+          in_place: Optional[Dict[int, int]] = None, held_in_place: bool = False,
+          fresh: Optional[Dict[int, Tuple[tuple, Any]]] = None, empty: Optional[Callable] = None
+          ) -> Tuple[Callable, Dict[int, int]]:
     """Return ``(run, line_to_pc)``; ``run(*inputs)`` returns the tuple of output values.
 
     ``kernels`` maps each CALL's pc to its kernel. ``params`` is the workspace's dict; ``run`` reads parameters from it on every call.
@@ -30,12 +32,16 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
     view or DLPack export, not itself a view), that array is the update's buffer.
     ``held_in_place``: the array is the update's buffer even while others hold it (pycaffe's blob
     memory: a script's ``blob.data`` is the parameter, updates included).
+    ``fresh`` maps a result slot to its (shape, dtype): its kernel gets ``out=empty(shape, dtype)``, a
+    new array on every call (an unplanned output of an op that would otherwise work its shape out).
     ``on_error(exc, line_to_pc)`` is called (and raises) when an instruction fails; the
     try block costs nothing on the way through.
     """
     env: Dict[str, Any] = {"_asarray": asarray, "_data": params, "_on_error": on_error, "_bin": recycle_bin,
                            "_private": private_array, "_writeable": writeable}
     recycled = recycled or {}
+    fresh = fresh or {}
+    env["_empty"] = empty
     lines: List[str] = []
     line_pc: Dict[int, int] = {}
     ins_names = ", ".join(f"s{s}" for s in program.input_slots)
@@ -71,6 +77,9 @@ def lower(program: Program, kernels: Dict[int, Callable], views: Dict[int, Any],
             call = f"k{pc}({args}, out=v{res[0]})" if args else f"k{pc}(out=v{res[0]})"
         elif len(res) == 1 and res[0] in recycled and args:
             call = f"k{pc}({args}, out=_bin[{recycled[res[0]]}])"
+        elif len(res) == 1 and res[0] in fresh and args:
+            env[f"e{res[0]}"], env[f"d{res[0]}"] = fresh[res[0]]
+            call = f"k{pc}({args}, out=_empty(e{res[0]}, d{res[0]}))"
         elif len(res) > 1 and program.nodes[ins.node].op.multi_out and any(r in views for r in res):
             for r in res:
                 if r in views:

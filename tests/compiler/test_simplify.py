@@ -341,3 +341,17 @@ def test_a_spatial_operand_is_not_per_channel():
     f, bare = pair([x], E.mul(C.conv(x, randn(2, 2, 1, 1)), plane))
     assert "mul" in ops(f)
     check_same(f, bare, randn(1, 2, 4, 4), rtol=1e-5, atol=1e-5)
+
+
+def test_powers_one_and_two_become_the_value_and_its_square():
+    """Weight decay (W ** 2).sum() and its gradient 2 * W ** 1: no generic power per element left;
+    other exponents and integer bases keep theirs."""
+    x = input_value(TensorType((4, 3)), "x")
+    n = input_value(TensorType((4, 3), "int32"), "n")
+    outs = [R.sum(E.pow(x, 2)), E.mul(2.0, E.pow(x, 1)), E.pow(x, 3), E.pow(n, 2)]
+    f, bare = pair([x, n], outs)
+    assert ops(f).count("pow") == 2 and "square" in ops(f)
+    xv = RNG.standard_normal((4, 3)).astype(np.float32)
+    nv = RNG.integers(-5, 5, (4, 3)).astype(np.int32)
+    check_same(f, bare, xv, nv, **TOL)
+    np.testing.assert_array_equal(f(xv, nv)[1], 2 * xv)

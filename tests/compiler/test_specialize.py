@@ -6,9 +6,11 @@ from cgvm.compiler.codegen import generate
 from cgvm.compiler.specialize import specialize
 from cgvm.compiler.memory import infer_slot_types
 from cgvm.ir import Graph, TensorType, input_value
+from cgvm.ir.builder import as_value
 from cgvm.ops import elementwise as E
 from cgvm.ops import linalg as L
 from cgvm.ops import reduce as R
+from cgvm.ops import shape as S
 from cgvm.vm.bytecode import CALL
 
 
@@ -119,3 +121,61 @@ def test_dead_code_elimination_keeps_what_the_outputs_need_in_order():
     assert live_calls(calls, [3]) == [calls[0], calls[2]]
     assert live_calls(calls, [4, 1]) == [calls[0], calls[1], calls[3]]
     assert live_calls(calls, [0]) == []
+
+
+def test_values_made_of_shapes_and_constants_become_constants_of_the_signature():
+    """A gradient's seed ones_like(loss) and its broadcast depend only on shapes: computed once, and
+    the forward work read only for its shape (the loss) is not run at all."""
+    x = _unknown("x")
+    loss = R.sum(E.mul(E.tanh(x), 0.5), axis=(1,))                       # (n,)
+    seed = S.broadcast_like(S.expand_dims(E.mul(S.ones_like(loss), 0.5), axis=(1,)), x)
+    out = E.mul(seed, E.exp(x))
+    before, after = _program(Graph([x], [out]), (3, 5))
+    assert {"ones_like", "broadcast_like", "tanh", "sum"} <= set(_ops(before))
+    assert _ops(after) == ["exp", "mul"]
+    seeds = [a for s, a in after.const_slots if a.shape == (3, 5)]
+    assert len(seeds) == 1 and seeds[0].flags.c_contiguous and np.all(seeds[0] == 0.5)
+    f = cgvm.compile([x], out)
+    xv = np.random.default_rng(2).standard_normal((3, 5)).astype(np.float32)
+    for _ in range(2):   # the second call reuses the signature's constant: it must be unchanged
+        np.testing.assert_array_equal(f(xv), np.float32(0.5) * np.exp(xv))
+
+
+def test_a_folded_value_a_view_or_output_passes_on_stays_computed():
+    """Folded constants are shared by every call: one returned (or viewed by what is returned) would be
+    the caller's to write into, so those stay instructions and each call returns a fresh array."""
+    x = _unknown("x")
+    ones = S.ones_like(x)
+    f = cgvm.compile([x], [ones, S.expand_dims(E.mul(S.ones_like(x), 2.0), axis=(0,))])
+    xv = np.zeros((2, 3), np.float32)
+    a, b = f(xv)
+    a[...] = 7
+    b[...] = 7
+    a2, b2 = f(xv)
+    np.testing.assert_array_equal(a2, np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(b2, np.full((1, 2, 3), 2.0, np.float32))
+
+
+def test_small_constants_are_broadcast_once_to_the_shape_their_readers_want():
+    """x - mu with mu a row: per signature mu becomes an array of x's shape (the ufunc's fast path);
+    a constant read at two different shapes is left as it is."""
+    x, y = _unknown("x"), _unknown("y")
+    mu = np.arange(5, dtype=np.float32)
+    out = E.tanh(E.sub(x, mu))
+    _, after = _program(Graph([x], [out]), (3, 5))
+    assert [a.shape for _, a in after.const_slots] == [(3, 5)]
+    shared = as_value(mu)   # one constant, read at two shapes
+    _, mixed = _program(Graph([x, y], [E.sub(x, shared), E.add(y, shared)]), (3, 5), (4, 5))
+    assert [a.shape for _, a in mixed.const_slots] == [(5,)]
+    f = cgvm.compile([x], out)
+    xv = np.random.default_rng(3).standard_normal((3, 5)).astype(np.float32)
+    np.testing.assert_array_equal(f(xv), np.tanh(xv - mu))
+
+
+def test_a_large_folded_broadcast_stays_a_view():
+    """A seed broadcast to a large shape is folded as the zero-stride view it is, not materialized."""
+    x = _unknown("x")
+    seed = S.broadcast_like(E.mul(S.ones_like(R.sum(x)), 0.5), x)
+    _, after = _program(Graph([x], [E.mul(seed, x)]), (300, 300))
+    big = [a for _, a in after.const_slots if a.shape == (300, 300)]
+    assert len(big) == 1 and big[0].strides == (0, 0)

@@ -222,3 +222,45 @@ def test_the_reference_interpreter_subclasses_and_keeps_intermediates():
     got = cgvm.eval_graph(Graph([xs, x], [last]), [seq, xv], interpreter=Counting)[0]
     np.testing.assert_allclose(got, xv + seq.sum(0))
     assert Counting.seen.count("add") == 4 and "scan" in Counting.seen   # the body ran with the subclass too
+
+
+def _runs_dot(frame):
+    return any(v is np.dot for v in frame.run.__globals__.values())
+
+
+def test_tiny_float_products_run_through_numpy_dot_with_matmul_numbers():
+    """Per signature a small 2-D float product takes numpy.dot (half of matmul's dispatch on tiny
+    matrices); a large one, a batched one and an integer one keep matmul. Same numbers either way."""
+    from cgvm.ops import linalg as L
+
+    rng = np.random.default_rng(4)
+    for dtype in (np.float32, np.float64):
+        a, b = (input_value(TensorType((None, None), dtype.__name__), n) for n in "ab")
+        f = cgvm.compile([a, b], E.tanh(L.matmul(a, b)))
+        av, bv = rng.standard_normal((3, 5)).astype(dtype), rng.standard_normal((5, 4)).astype(dtype)
+        np.testing.assert_array_equal(f(av, bv), np.tanh(np.matmul(av, bv)))
+        frame = list(f.executable.frames.values())[0]
+        assert _runs_dot(frame)
+        big = rng.standard_normal((80, 80)).astype(dtype)
+        np.testing.assert_array_equal(f(big, big), np.tanh(np.matmul(big, big)))
+        assert not _runs_dot(list(f.executable.frames.values())[-1])
+    i, j = (input_value(TensorType((None, None), "int64"), n) for n in "ij")
+    g = cgvm.compile([i, j], L.matmul(i, j))
+    iv = rng.integers(-3, 3, (3, 3))
+    np.testing.assert_array_equal(g(iv, iv), iv @ iv)
+    assert not _runs_dot(list(g.executable.frames.values())[0])
+
+
+def test_a_fused_output_of_known_shape_gets_a_fresh_array_on_every_call():
+    """The VM allocates the output of a fused chain (its kernel would broadcast every operand to find
+    the shape): a new array per call, never one the caller already holds."""
+    x, y = (input_value(TensorType((None, None)), n) for n in "xy")
+    f = cgvm.compile([x, y], E.tanh(E.mul(E.add(x, y), 2.0)))
+    xv, yv = np.ones((2, 3), np.float32), np.full((1, 3), 0.5, np.float32)
+    first = f(xv, yv)
+    source = list(f.executable.frames.values())[0].run.__cgvm_source__
+    assert "out=_empty(" in source
+    second = f(xv, yv)
+    assert first is not second and not np.shares_memory(first, second)
+    np.testing.assert_array_equal(second, np.tanh((xv + yv) * np.float32(2)))
+    assert second.shape == (2, 3) and second.dtype == np.float32

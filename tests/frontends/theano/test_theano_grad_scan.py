@@ -216,3 +216,37 @@ def test_printing(tmp_path):
     dot = theano.printing.pydotprint(f, outfile=str(tmp_path / "g.dot"))
     assert "digraph" in open(dot).read()
     assert os.path.getsize(out) > 100
+
+
+def test_scan_last_row_is_the_final_carry_without_a_history():
+    """all_pos[-1] of an HMC-style leapfrog: read from the final carry, so the loop stacks nothing;
+    the numbers are a NumPy loop's. A step that hands a state back unchanged keeps the stack
+    (the final carry would be the caller's own array)."""
+    rng = np.random.default_rng(5)
+    cov_inv = np.linalg.inv(np.eye(4) + 0.2)
+    pos0, v0 = rng.standard_normal((3, 4)), rng.standard_normal((3, 4))
+    p, v = T.matrix("p"), T.matrix("v")
+
+    def leapfrog(q, w):
+        grad = T.grad((0.5 * (T.dot(q, cov_inv) * q).sum(axis=1)).sum(), q)
+        new_w = w - 0.1 * grad
+        return [q + 0.1 * new_w, new_w]
+
+    (qs, ws), _ = theano.scan(leapfrog, outputs_info=[p, v], n_steps=6)
+    f = theano.function([p, v], [qs[-1], ws[-1]])
+    scans = [n for n in f.core.graph.nodes if n.op.name == "scan"]
+    assert len(scans) == 1 and tuple(scans[0].attrs["stacked"]) == ()
+    q, w = pos0.copy(), v0.copy()
+    for _ in range(6):
+        w = w - 0.1 * (0.5 * (q @ cov_inv) + 0.5 * (q @ cov_inv.T))
+        q = q + 0.1 * w
+    got_q, got_w = f(pos0, v0)
+    np.testing.assert_allclose(got_q, q, rtol=1e-12)
+    np.testing.assert_allclose(got_w, w, rtol=1e-12)
+
+    (same, _), _ = theano.scan(lambda q, w: [q, w + 1.0], outputs_info=[p, v], n_steps=3)
+    g = theano.function([p, v], same[-1])
+    assert tuple(next(n for n in g.core.graph.nodes if n.op.name == "scan").attrs["stacked"]) == (0,)
+    out = g(pos0, v0)
+    assert not np.shares_memory(out, pos0)
+    np.testing.assert_array_equal(out, pos0)
