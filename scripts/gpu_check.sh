@@ -11,7 +11,7 @@
 #      cuDNN, torch, packages); stops here with --check, or when a GPU run cannot go ahead
 #   2. a venv with the system's packages (.venv-gpu; GPU_CHECK_VENV), the wheels and cgvm from this
 #      checkout installed with --no-index (PYTHONPATH=checkout when an editable install is impossible)
-#   3. the GPU tests (tests/backend, tests/ops with both backends, DLPack) -> junit_gpu.xml, pytest_gpu.txt
+#   3. the GPU tests (tests/backend, tests/ops with both backends, DLPack, NCCL under mpiexec) -> junit_gpu.xml, pytest_gpu.txt
 #   4. the GPU benchmarks (python -m benchmarks.gpu) -> benchmarks.md, benchmarks.json
 #   5. the whole suite with CGVM_BACKEND=cupy, for the time left -> junit_suite.xml, pytest_suite.txt
 #   6. OUTDIR/summary.md: the counts of 3 and 5, the benchmark table, what ran out of time
@@ -103,7 +103,7 @@ XDIST=()
 if "$VPY" -c "import xdist" 2>/dev/null; then XDIST=(-n "${GPU_CHECK_WORKERS:-8}" --dist loadfile); fi
 
 # 3. the GPU tests -----------------------------------------------------------------------------
-GPU_TESTS=(tests/backend tests/ops tests/interop/test_dlpack.py tests/frontends/caffe/test_cli.py)
+GPU_TESTS=(tests/backend tests/ops tests/interop/test_dlpack.py tests/frontends/caffe/test_cli.py tests/distributed/test_nccl_gpu.py)
 log "GPU tests: ${GPU_TESTS[*]}"
 T=$(( $(left) * 35 / 100 )); [ "$T" -gt 150 ] && T=150
 # NVIDIA_TF32_OVERRIDE=0 for the tests: cuDNN would otherwise compute float32 convolutions in TF32, outside
