@@ -359,6 +359,9 @@ def fail(reason: str, details: str = "", code: int = 1) -> None:
     sys.stderr.flush()
     _write_all(2, (details + f"cgvm.distributed: rank {g.rank} of {g.size} failed: {reason}; aborting all "
                              f"ranks\n").encode("utf-8", "replace"))
+    # MPI_Abort tears the job down at once, and the launcher may drop output it has not forwarded
+    # yet: give it a moment to pass the message on (seen with MPICH's hydra under load)
+    time.sleep(0.2)
     g.abort(code)
 
 

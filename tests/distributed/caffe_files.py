@@ -59,7 +59,7 @@ def write_solver(d: Path, name: str, kind: str, batch: int, *, max_iter: int = 1
     if test:
         layers.append(DATA_LAYERS["lmdb"].format(phase="TEST", source="test_lmdb", batch=32, mirror="false",
                                                  shuffle="false"))
-    (d / f"{name}_net.prototxt").write_text(f'name: "mlp"\n' + "\n".join(layers) + "\n" + BODY)
+    (d / f"{name}_net.prototxt").write_text('name: "mlp"\n' + "\n".join(layers) + "\n" + BODY)
     (d / f"{name}_snap").mkdir(exist_ok=True)
     tests = "test_iter: 2\ntest_interval: 50\n" if test else ""
     (d / f"{name}.prototxt").write_text(

@@ -27,7 +27,7 @@ def test_srun_tasks_train_as_mpiexec_ranks_do(tmp_path):
     mpiexec = run_ranks(2, [program("core_mlp.py"), str(tmp_path / "mpiexec")] + args, cwd=tmp_path)
     assert mpiexec.returncode == 0, mpiexec.output
     for rank in (0, 1):
-        with np.load(tmp_path / f"srun_rank{rank}.npz") as a, np.load(tmp_path / f"mpiexec_rank0.npz") as b:
+        with np.load(tmp_path / f"srun_rank{rank}.npz") as a, np.load(tmp_path / "mpiexec_rank0.npz") as b:
             for k in b.files:
                 assert np.array_equal(a[k], b[k]), f"rank {rank} {k}: srun-style run differs from mpiexec's"
 
