@@ -87,6 +87,17 @@ def numeric_grad(fn: Callable[[Sequence[np.ndarray]], float], inputs: Sequence[n
     return g
 
 
+def linear_adjoint(linear: Callable[[np.ndarray], np.ndarray], x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """d/dx of sum(g * linear(x)) for a reference ``linear`` in x, exactly: one unit vector of x at a time."""
+    dx = np.zeros(x.size)
+    unit = np.zeros(x.size)
+    for j in range(x.size):
+        unit[j] = 1
+        dx[j] = (linear(unit.reshape(x.shape)) * g).sum()
+        unit[j] = 0
+    return dx.reshape(x.shape)
+
+
 def check_grad(case: Case, backend: str = "numpy") -> None:
     """cgvm.grad of sum_i <out_i, w_i> (random w) against central differences, in float64."""
     rng = np.random.default_rng(0)
