@@ -39,7 +39,8 @@ from ..pycode import define
 from .kernels.scratch import aligned, aligned_empty, sole_reference
 
 
-def _split(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:
+def split_sizes(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:
+    """``seq`` cut into runs of ``sizes`` and the rest (a scan's sequences, carries, the others)."""
     parts, i = [], 0
     for n in sizes:
         parts.append(seq[i:i + n])
@@ -67,7 +68,7 @@ def _scan_outputs(attrs, n_inputs):
 
 def _scan_infer(types, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_steps, truncate,
                 reset_carries, truncate_gradient, stacked, seq_order):
-    seqs, inits, rest = _split(types, n_seqs, n_carry)
+    seqs, inits, rest = split_sizes(types, n_seqs, n_carry)
     nonseqs = rest[:-1] if dyn_steps else rest
     expected = len(body.inputs)
     if n_seqs + n_carry + len(nonseqs) != expected:
@@ -170,7 +171,7 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
     realign = [k for k, v in enumerate(body.inputs[n_seqs + n_carry:]) if id(v) in gemm_read]
 
     def scan_kernel(*inputs):
-        seqs, inits, rest = _split(inputs, n_seqs, n_carry)
+        seqs, inits, rest = split_sizes(inputs, n_seqs, n_carry)
         nonseqs = list(rest[:-1] if dyn_steps else rest)
         steps = int(rest[-1]) if dyn_steps else n_steps
         if steps is None:
@@ -257,13 +258,13 @@ def _(node, *gouts):
     a = node.attrs
     body: Graph = a["body"]
     S, C = a["n_seqs"], a["n_carry"]
-    seqs, inits, rest = _split(node.inputs, S, C)
+    seqs, inits, rest = split_sizes(node.inputs, S, C)
     nonseqs = list(rest[:-1] if a["dyn_steps"] else rest)
     K = len(nonseqs)
     n_ys = len(body.outputs) - C - (1 if a["has_until"] else 0)
     if a["stacked"] is not None and tuple(a["stacked"]) != tuple(range(C)):
         raise GradientError(f"{node.where()}: the gradient of a scan needs every carry stacked")
-    g_final, g_stack, g_ys = _split(gouts, C, C)
+    g_final, g_stack, g_ys = split_sizes(gouts, C, C)
     stacked = node.outputs[C:2 * C]
     fwd_ys = node.outputs[2 * C:2 * C + n_ys]
     if a["seq_order"] and a["go_backwards"]:   # the rule below reads stacks in iteration order

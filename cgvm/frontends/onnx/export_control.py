@@ -14,6 +14,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from cgvm.ir.graph import CONST, PARAM
+from cgvm.ops.control import split_sizes
 
 from .errors import OnnxExportError
 from .export_ops import INT_MAX, lowering
@@ -70,21 +71,18 @@ def _cond(ctx, node, ins):
     return ctx.node("If", [pred], n_out=len(node.outputs), then_branch=then_g, else_branch=else_g)
 
 
-def _split(seq: Sequence[Any], *sizes: int) -> List[Sequence[Any]]:
-    parts, i = [], 0
-    for n in sizes:
-        parts.append(seq[i:i + n])
-        i += n
-    parts.append(seq[i:])
-    return parts
+def _scalar(ctx, name: str, v: Any, dtype: Any) -> str:
+    """``name`` (the value ``v``) as the 0-d ``dtype`` scalar ONNX wants for a trip count or condition."""
+    from onnx.helper import np_dtype_to_tensor_dtype
 
-
-def _scalar_int64(ctx, name: str, v: Any) -> str:
-    import onnx
-
-    if v.dtype.np != np.int64:
-        name = ctx.one("Cast", [name], to=onnx.TensorProto.INT64)
+    if v.dtype.np != dtype:
+        name = ctx.one("Cast", [name], to=np_dtype_to_tensor_dtype(np.dtype(dtype)))
     return ctx.one("Reshape", [name, ctx.ints([])]) if v.ndim else name
+
+
+def _reversed(ctx, name: str) -> str:
+    """``name`` with its first axis reversed."""
+    return ctx.one("Slice", [name, ctx.ints([-1]), ctx.ints([-INT_MAX]), ctx.ints([0]), ctx.ints([-1])])
 
 
 @lowering("scan")
@@ -96,13 +94,13 @@ def _scan(ctx, node, ins):
         raise OnnxExportError(f"{node.where()}: a truncated scan (built for gradients) has no ONNX lowering")
     body = a["body"]
     S, C, until = a["n_seqs"], a["n_carry"], a["has_until"]
-    seqs, inits, rest = _split(list(ins), S, C)
+    seqs, inits, rest = split_sizes(list(ins), S, C)
     nonseqs = rest[:-1] if a["dyn_steps"] else rest
     n_ys = len(body.outputs) - C - (1 if until else 0)
     kept = list(range(C)) if a["stacked"] is None else list(a["stacked"])
     # the trip count
     if a["dyn_steps"]:
-        trip: Optional[str] = _scalar_int64(ctx, ins[-1], node.inputs[-1])
+        trip: Optional[str] = _scalar(ctx, ins[-1], node.inputs[-1], np.int64)
     elif a["n_steps"] is not None:
         trip = ctx.const(np.asarray(a["n_steps"], np.int64), "trip")
     elif seqs:
@@ -129,8 +127,8 @@ def _scan(ctx, node, ins):
     step_outs = list(body.outputs[:C])
     if until:
         stop = body.outputs[-1]
-        step_outs.insert(0, (lambda sub: sub.one("Not", [_bool(sub, sub.names.get(id(stop)) or sub.name(stop),
-                                                               stop)]), "cond"))
+        step_outs.insert(0, (lambda sub: sub.one("Not", [_scalar(sub, sub.names.get(id(stop)) or sub.name(stop),
+                                                                 stop, np.bool_)]), "cond"))
     else:
         step_outs.insert(0, (lambda sub: cond_name, "cond"))
     step_outs += [body.outputs[k] for k in kept] + list(body.outputs[C:C + n_ys])
@@ -142,19 +140,10 @@ def _scan(ctx, node, ins):
     cond_in = ctx.const(np.asarray(True), "cond") if until else ""
     outs = ctx.node("Loop", [trip, cond_in] + list(inits), n_out=C + len(kept) + n_ys, body=loop_body)
     if a["seq_order"] and a["go_backwards"]:   # stacks in sequence order: the iteration order reversed
-        outs = outs[:C] + [ctx.one("Slice", [o, ctx.ints([-1]), ctx.ints([-INT_MAX]), ctx.ints([0]),
-                                             ctx.ints([-1])]) for o in outs[C:]]
+        outs = outs[:C] + [_reversed(ctx, o) for o in outs[C:]]
     return outs
-
-
-def _bool(sub, name: str, v: Any) -> str:
-    import onnx
-
-    if v.dtype.np != np.bool_:
-        name = sub.one("Cast", [name], to=onnx.TensorProto.BOOL)
-    return sub.one("Reshape", [name, sub.ints([])]) if v.ndim else name
 
 
 @lowering("reverse")
 def _reverse(ctx, node, ins):
-    return ctx.one("Slice", [ins[0], ctx.ints([-1]), ctx.ints([-INT_MAX]), ctx.ints([0]), ctx.ints([-1])])
+    return _reversed(ctx, ins[0])
