@@ -371,9 +371,9 @@ def _expand_gemm_bias_act(b: GraphDefBuilder, node: Node, group: str, inputs: Li
 
 def _expand_gemm_accumulate(b: GraphDefBuilder, node: Node, group: str, inputs: List[str]) -> str:
     extra: List[Tuple[str, List[str]]] = []
-    if len(inputs) == 4:
+    if len(inputs) >= 4:
         extra.append(("mul", [inputs[3]]))
-    extra.append(("add", [inputs[2]]))
+    extra.append(("add", [inputs[2]] + inputs[4:]))   # c, and the beta value scaling it
     attrs = {"alpha": node.attrs["alpha"], "beta": node.attrs["beta"]}
     return _epilogue(b, node, group, "matmul", inputs[:2], attrs, extra)
 

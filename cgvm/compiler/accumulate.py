@@ -1,37 +1,94 @@
 """Accumulating products: ``beta * c + alpha * (a @ b)`` as one ``gemm_accumulate`` adding into ``c``.
 
-An SGD step ``w - lr * (x.T @ g)``, a momentum update ``mu * v - lr * (x.T @ g)`` or a residual
-``c + a @ b`` reads a product once, to add it to a matrix of the product's shape. As one op,
-the product is added while BLAS writes it (Theano's gemm rewrite): no temporary and no second
-pass (see cgvm.backend.blas). Matched, for 2-D float operands of one dtype:
+An SGD step ``w - lr * (x.T @ g)``, a momentum update ``mu * v - lr * (x.T @ g)``, a weight-decayed
+step ``w - lr * (x.T @ g + k * w)`` or a residual ``c + a @ b`` reads a product once, to add it to
+a matrix of the product's shape. As one op, the product is added while BLAS writes it (Theano's
+gemm rewrite): no temporary and no second pass (see cgvm.backend.blas). The pattern, from a root
+add or sub of 2-D floats:
 
-    add(C, P), add(P, C), sub(C, P), sub(P, C)
-    P = matmul(a, b) | mul(matmul(a, b), s) | mul(s, matmul(a, b))      (alpha from s and the sign)
-    C = c | mul(c, t) | mul(t, c)                                        (beta from t and the sign)
+    root = sum_i k_i * t_i      a linear combination, read through add, sub, neg, mul and div by a
+                                scalar, and sum_to_like of a value that has the target's shape
+    k_i                         a sum of products of scalar constants and scalar values (a learning
+                                rate input, the seed of a weighted penalty's gradient), the terms
+                                with one base t merged (w in ``w - lr * (g + 2 * w * s)``)
+    accepted: exactly two bases, a matmul(a, b) of 2-D operands (alpha = its k) and c (beta = its k)
 
-with ``t`` a scalar constant, ``s`` a scalar constant or a scalar value (a learning rate that
-is an input or a parameter), ``c`` of the product's static shape, and every intermediate read
-by the pattern alone. A plain ``c + a @ b`` is left to the epilogue fusion: ``gemm_bias_act``
-costs the same there and also takes the activation that often follows (an RNN step's tanh). Unknown dimensions may still differ at run time; ``gemm_accumulate``
-broadcasts c and the product against each other as the add did, and adds through BLAS when the
-shapes agree. It may overwrite ``c`` where ``c`` dies there (the memory planner decides), and a
-parameter's own array on an update (the VM decides: see Executable._updates_in_place).
+A scalar is a value of size 1 (a constant, or a 0-d value expanded or broadcast_like'd to the
+shape of the other operand, as autodiff makes the gradient of ``k * sum(w ** 2)``). Every value
+the walk goes through is 2-D of the root's dtype and read by the pattern alone, and so is the
+product; c has the product's static shape. alpha and beta are attributes when constant, else
+scalar values computed beside the op (``1 - lr * 2 * s``). A plain ``c + a @ b`` is left to the
+epilogue fusion: ``gemm_bias_act`` costs the same there and also takes the activation that often
+follows (an RNN step's tanh). Unknown dimensions may still differ at run time;
+``gemm_accumulate`` broadcasts c and the product against each other as the adds did (a broadcast
+scalar is only accepted beside a value of the same shape, so it widens nothing), and adds
+through BLAS when the shapes agree. It may overwrite ``c`` where ``c`` dies there (the memory
+planner decides), and a parameter's own array on an update (the update plan decides: see
+liveness.update_plan), so ``w`` is written once, by the gemm.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.builder import apply
-from ..ir.graph import CONST, Graph, Node, Value
+from ..ir.graph import CONST, Graph, Node, Value, const_value
+from ..ops import elementwise as E
 from ..ops import fused as F
+from ..ops.registry import BROADCAST, ELEMWISE
 from .fuse import fused_source
 from .rewrite import rewrite
 
 _FLOATS = ("float32", "float64")
 
+#: a coefficient: {monomial: factor}, a monomial the ids of the scalar values it multiplies (sorted)
+Poly = Dict[Tuple[int, ...], float]
+
 
 def _scalar_constant(v: Value) -> Optional[float]:
     return float(v.data.item()) if v.kind == CONST and v.data.size == 1 and v.ndim == 0 else None
+
+
+def _unit(v: Value, ndim: int) -> bool:
+    """``v`` surely holds one element and broadcasts into ``ndim`` dimensions without widening."""
+    return v.ndim <= ndim and all(d == 1 for d in v.shape)
+
+
+class _Shapes:
+    """Which values surely have one shape, unknown dimensions included: a value's key is the value
+    whose shape it provably has (elementwise ops over one shape and unit values, broadcast_like of
+    a unit value, sum_to_like)."""
+
+    def __init__(self):
+        self._keys: Dict[int, Value] = {}
+
+    def key(self, v: Value) -> Value:
+        hit = self._keys.get(id(v))
+        if hit is None:
+            hit = self._keys[id(v)] = self._key(v)
+        return hit
+
+    def _key(self, v: Value) -> Value:
+        n = v.node
+        if n is None or len(n.outputs) != 1:
+            return v
+        name = n.op.name
+        if name == "sum_to_like":                       # the shape of its second input, always
+            return self.key(n.inputs[1])
+        if name == "broadcast_like":
+            return self.key(n.inputs[1]) if _unit(n.inputs[0], n.inputs[1].ndim) else v
+        if n.op.pattern in (ELEMWISE, BROADCAST):   # the broadcast of what is not a unit value
+            shaped = [x for x in n.inputs if not _unit(x, v.ndim)]
+            keys = {id(self.key(x)) for x in shaped}
+            if len(keys) == 1 and all(x.ndim == v.ndim for x in shaped):
+                return self.key(shaped[0])
+        return v
+
+    def same(self, a: Value, b: Value) -> bool:
+        if a.ndim != b.ndim:
+            return False
+        if a.shape == b.shape and all(d is not None for d in a.shape):
+            return True
+        return self.key(a) is self.key(b)
 
 
 class _Readers:
@@ -49,71 +106,156 @@ class _Readers:
         return v.node is not None and id(v) not in self.outputs and self.count.get(id(v), 0) == 1
 
 
-class _Term(NamedTuple):
-    base: Value                 # the value scaled
-    factor: float               # a constant factor
-    scale: Optional[Value]      # a scalar value the term is also multiplied by (a learning rate input)
-    swallowed: List[Node]
+def _scaled(p: Poly, factor: float, scalar: Optional[Value] = None) -> Poly:
+    if scalar is None:
+        return {m: f * factor for m, f in p.items()}
+    return {tuple(sorted(m + (id(scalar),))): f * factor for m, f in p.items()}
 
 
-def _term(v: Value, readers: _Readers, symbolic: bool) -> _Term:
-    """``v`` as ``factor [* scale] * base``, through a mul by a scalar that only this pattern reads."""
-    node = v.node
-    if node is not None and node.op.name == "mul" and readers.private(v):   # the pattern: a scaled term
-        for k in (0, 1):
-            s, other = node.inputs[k], node.inputs[1 - k]
-            factor = _scalar_constant(s)
-            if factor is not None:
-                return _Term(other, factor, None, [node])
-            if symbolic and s.ndim == 0 and s.dtype is v.dtype and other.ndim == 2:
-                return _Term(other, 1.0, s, [node])
-    return _Term(v, 1.0, None, [])
+class _Combination:
+    """A root's linear combination: the bases, each with its coefficient, and the nodes read through."""
+
+    def __init__(self, root: Node, readers: _Readers, shapes: _Shapes):
+        self.z = root.outputs[0]
+        self.readers, self.shapes = readers, shapes
+        self.terms: Dict[int, Tuple[Value, Poly]] = {}
+        self.scalars: Dict[int, Value] = {}
+        self.swallowed: List[Node] = []
+        self.ok = True
+        self._walk(self.z, {(): 1.0}, root=True)
+
+    def _conforms(self, v: Value) -> bool:
+        return v.ndim == 2 and v.dtype is self.z.dtype
+
+    def _scalar(self, s: Value, other: Value) -> Optional[Tuple[float, Optional[Value]]]:
+        """``s`` as a factor beside ``other``: (constant, None) or (1, a 0-d float value); None if neither."""
+        if s.node is not None and s.node.op.name == "broadcast_like":
+            if not self.shapes.same(s.node.inputs[1], other):
+                return None   # it would widen other
+            s = s.node.inputs[0]
+        if not _unit(s, 2):
+            return None
+        while s.node is not None and s.node.op.name == "expand_dims":
+            s = s.node.inputs[0]
+        if s.kind == CONST:
+            return float(s.data.item()), None
+        return (1.0, s) if s.ndim == 0 and s.dtype.is_float else None
+
+    def _walk(self, v: Value, coef: Poly, root: bool = False) -> None:
+        n = v.node
+        through = n is not None and (root or self.readers.private(v)) and self._conforms(v) and len(n.outputs) == 1
+        name = n.op.name if through else ""
+        if name in ("add", "sub") and all(self._conforms(x) for x in n.inputs):
+            self.swallowed.append(n)
+            self._walk(n.inputs[0], coef)
+            self._walk(n.inputs[1], coef if name == "add" else _scaled(coef, -1.0))
+            return
+        if name == "neg":
+            self.swallowed.append(n)
+            self._walk(n.inputs[0], _scaled(coef, -1.0))
+            return
+        if name in ("mul", "div"):
+            for k in ((0, 1) if name == "mul" else (1,)):
+                other = n.inputs[1 - k]
+                factor = self._scalar(n.inputs[k], other) if self._conforms(other) else None
+                if factor is None or (name == "div" and (factor[1] is not None or factor[0] == 0.0)):
+                    continue
+                value, scalar = factor
+                if scalar is not None:
+                    self.scalars[id(scalar)] = scalar
+                self.swallowed.append(n)
+                self._walk(other, _scaled(coef, value if name == "mul" else 1.0 / value, scalar))
+                return
+        if name == "sum_to_like" and self._conforms(n.inputs[0]) and self.shapes.same(n.inputs[0], n.inputs[1]):
+            self.swallowed.append(n)   # the identity here: its input has its target's shape
+            self._walk(n.inputs[0], coef)
+            return
+        if root:
+            self.ok = False
+            return
+        base, before = self.terms.get(id(v), (v, {}))
+        merged = dict(before)
+        for m, f in coef.items():
+            merged[m] = merged.get(m, 0.0) + f
+        self.terms[id(v)] = (base, merged)
 
 
 class _Accumulation(NamedTuple):
     matmul: Node
     c: Value
-    alpha: float
-    beta: float
-    scale: Optional[Value]
+    alpha: Poly
+    beta: Poly
+    scalars: Dict[int, Value]
     swallowed: List[Node]
 
 
-def _accumulation(node: Node, readers: _Readers) -> Optional[_Accumulation]:
-    """``node`` as ``beta * c + alpha [* scale] * (a @ b)``."""
+def _constant(p: Poly) -> Optional[float]:
+    live = {m: f for m, f in p.items() if f != 0.0}
+    if not live:
+        return 0.0
+    return live[()] if set(live) == {()} else None
+
+
+def _accumulation(node: Node, readers: _Readers, shapes: _Shapes) -> Optional[_Accumulation]:
+    """``node`` as ``beta * c + alpha * (a @ b)``, alpha and beta polynomials in scalar values."""
     if node.op.name not in ("add", "sub") or len(node.outputs) != 1:   # the pattern's root
         return None
     z = node.outputs[0]
     if z.ndim != 2 or z.dtype.name not in _FLOATS:
         return None
-    for k in (1, 0):   # the product is usually the second operand (w - lr * g)
-        p = _term(node.inputs[k], readers, symbolic=True)
-        mm = p.base.node
-        if mm is None or mm.op.name != "matmul" or not readers.private(p.base):   # the pattern's product
-            continue
-        c = _term(node.inputs[1 - k], readers, symbolic=False)
-        product = mm.outputs[0]
-        if not (mm.inputs[0].ndim == mm.inputs[1].ndim == 2 and c.base.shape == product.shape
-                and c.base.dtype is product.dtype is z.dtype):
-            continue
-        alpha, beta = p.factor, c.factor
-        if node.op.name == "sub":   # the pattern's root is add or sub: sub negates one term
-            if k == 1:
-                alpha = -alpha
-            else:
-                beta = -beta
-        if alpha == beta == 1.0 and p.scale is None:
-            return None   # a plain sum: gemm_bias_act does as well, and takes an activation after it
-        return _Accumulation(mm, c.base, alpha, beta, p.scale, p.swallowed + [mm] + c.swallowed)
-    return None
+    comb = _Combination(node, readers, shapes)
+    if not comb.ok or len(comb.terms) != 2:
+        return None
+    products = [(v, p) for v, p in comb.terms.values()
+                if v.node is not None and v.node.op.name == "matmul" and readers.private(v)
+                and v.node.inputs[0].ndim == v.node.inputs[1].ndim == 2]
+    if len(products) != 1:
+        return None
+    product, alpha = products[0]
+    ((c, beta),) = [(v, p) for v, p in comb.terms.values() if v is not product]
+    if not (c.ndim == 2 and c.shape == product.shape and c.dtype is product.dtype is z.dtype):
+        return None
+    a, b = _constant(alpha), _constant(beta)
+    if a == 0.0 or b == 0.0:
+        return None   # a term that cancels: BLAS would skip c (or the product) where the adds would not
+    if a == b == 1.0:
+        return None   # a plain sum: gemm_bias_act does as well, and takes an activation after it
+    return _Accumulation(product.node, c, alpha, beta, comb.scalars, comb.swallowed + [product.node])
+
+
+def _coefficient(p: Poly, scalars: Dict[int, Value], rebuilt: Callable[[Value], Value],
+                 dtype) -> Tuple[float, Optional[Value]]:
+    """``p`` as ``factor [* value]``: the value a scalar expression built from the rebuilt scalars."""
+    live = [(m, f) for m, f in sorted(p.items()) if f != 0.0]
+    if len(live) == 1:
+        (m, f), = live
+        if not m:
+            return f, None
+        if len(m) == 1:
+            return f, rebuilt(scalars[m[0]])     # the common case, a learning rate: no op built
+    total: Optional[Value] = None
+    for m, f in live:
+        term: Value = const_value(f, dtype)
+        for k in m:
+            term = E.mul(term, rebuilt(scalars[k]))
+        total = term if total is None else E.add(total, term)
+    return 1.0, total
 
 
 def fuse_accumulations(graph: Graph) -> Graph:
-    """``beta * c + alpha [* scale] * (a @ b)`` -> ``gemm_accumulate(a, b, c[, scale], alpha, beta)``."""
+    """``beta * c + alpha * (a @ b)`` -> ``gemm_accumulate(a, b, c[, alpha value[, beta value]], alpha, beta)``."""
     if not any(n.op.name == "matmul" for n in graph.nodes):   # the pattern's product: nothing to match
         return graph
-    readers = _Readers(graph)
-    found = {id(n): hit for n in graph.nodes for hit in [_accumulation(n, readers)] if hit is not None}
+    readers, shapes = _Readers(graph), _Shapes()
+    found: Dict[int, _Accumulation] = {}
+    claimed: set = set()
+    for n in reversed(graph.nodes):   # the outermost root first: an add inside its combination is no root
+        if id(n) in claimed:
+            continue
+        hit = _accumulation(n, readers, shapes)
+        if hit is not None:
+            found[id(n)] = hit
+            claimed.update(id(m) for m in hit.swallowed)
     if not found:
         return graph
 
@@ -121,8 +263,15 @@ def fuse_accumulations(graph: Graph) -> Graph:
         hit = found.get(id(node))
         if hit is None:
             return None
-        args = [rebuilt(v) for v in (*hit.matmul.inputs, hit.c)] + ([] if hit.scale is None else [rebuilt(hit.scale)])
-        return [apply(F.gemm_accumulate, args, {"alpha": hit.alpha, "beta": hit.beta},
-                      name=node.name, source=fused_source(hit.swallowed + [node]))]
+        dtype = node.outputs[0].dtype
+        alpha, alpha_value = _coefficient(hit.alpha, hit.scalars, rebuilt, dtype)
+        beta, beta_value = _coefficient(hit.beta, hit.scalars, rebuilt, dtype)
+        args = [rebuilt(v) for v in (*hit.matmul.inputs, hit.c)]
+        if alpha_value is not None or beta_value is not None:
+            args.append(alpha_value if alpha_value is not None else const_value(1.0, dtype))
+        if beta_value is not None:
+            args.append(beta_value)
+        return [apply(F.gemm_accumulate, args, {"alpha": alpha, "beta": beta},
+                      name=node.name, source=fused_source([m for m in hit.swallowed if m is not node] + [node]))]
 
     return rewrite(graph, rule, lookup=True)

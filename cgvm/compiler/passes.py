@@ -34,6 +34,7 @@ from .liveness import UpdatePlan, liveness
 from .memory import MemoryPlan, infer_slot_types, plan_memory
 from .prune import prune
 from .recompute import Recomputation
+from .reductions import fuse_square_sums
 from .schedule import schedule_for_memory
 from .simplify import simplify
 from .specialize import specialize
@@ -59,6 +60,8 @@ PIPELINE: List[Pass] = [
                                                                    "carries as one product after them"),
     Pass("simplify", simplify, ("cse",), "algebraic identities, stable log-softmax/cross-entropy forms; batch norm, "
                                          "scale and bias folded into the preceding conv"),
+    Pass("sum_squares", fuse_square_sums, ("simplify",), "sum(square(x)) over every axis as one BLAS dot "
+                                                         "(L2 penalties)"),
     Pass("accumulate", fuse_accumulations, ("simplify",), "beta * c + alpha * (a @ b) as one gemm adding "
                                                           "into c (SGD and momentum weight updates)"),
     Pass("epilogues", fuse_epilogues, ("simplify",), "matmul + bias (+ activation) as gemm_bias_act, "

@@ -21,8 +21,9 @@ Input 0 is read by the first step only, so the output may overwrite it (``inplac
 ``shape_from_first`` says the first step's result already has the output's shape (the compiler
 proved it), so a kernel without a planned buffer allocates by running that step.
 
-``gemm_accumulate(a, b, c[, scale], alpha=..., beta=...)`` is ``beta * c + alpha [* scale] * a @ b``,
-added into c's values by BLAS (see cgvm.compiler.accumulate).
+``gemm_accumulate(a, b, c[, scale[, beta_scale]], alpha=..., beta=...)`` is
+``beta [* beta_scale] * c + alpha [* scale] * a @ b``, added into c's values by BLAS (see
+cgvm.compiler.accumulate); the scales are 0-d values (a learning rate, ``1 - lr * k``).
 
 ``gemm_bias_act(a, b, bias, act=..., trans_a=..., trans_b=...)`` is ``act(op(a) @ op(b) + bias)``
 and ``conv_bias_act(x, w[, b], act=..., <conv attributes>)`` is ``act(conv(x, w, b))``: the
@@ -325,23 +326,26 @@ def _(node, act):
 def _gemm_accumulate_infer(types, alpha, beta):
     a, b, c = types[:3]
     product = la.gemm.infer([a, b], {"trans_a": False, "trans_b": False, "alpha": 1.0, "beta": 1.0})[0]
-    if len(types) == 4 and types[3].ndim != 0:
-        raise ShapeError(f"gemm_accumulate: the scale must be a scalar, got {types[3]!r}")
+    for t in types[3:]:
+        if t.ndim != 0:
+            raise ShapeError(f"gemm_accumulate: alpha and beta scales must be scalars, got {t!r}")
     return TensorType(broadcast_shapes(product.shape, c.shape), result_dtype(product.dtype, c.dtype))
 
 
 gemm_accumulate = defop(
-    "gemm_accumulate", num_inputs=(3, 4), pattern=OPAQUE, infer=_gemm_accumulate_infer, inplace=((2, 0),),
+    "gemm_accumulate", num_inputs=(3, 5), pattern=OPAQUE, infer=_gemm_accumulate_infer, inplace=((2, 0),),
     attrs={"alpha": Float(1.0), "beta": Float(1.0)},
-    doc="beta * c + alpha [* scale] * a @ b for matrices a, b, c and the product broadcasting against each other as "
-        "in the add it replaces: a weight update w - lr * (x.T @ g) added into w's values while BLAS "
-        "writes the product (see cgvm.compiler.accumulate). c may be overwritten by the result.")
+    doc="beta [* beta_scale] * c + alpha [* scale] * a @ b for matrices a, b, c and the product broadcasting "
+        "against each other as in the adds it replaces: a weight update w - lr * (x.T @ g + k * w) added into "
+        "w's values while BLAS writes the product (see cgvm.compiler.accumulate). c may be overwritten by the "
+        "result.")
 
 
 @gemm_accumulate.kernel_factory
 def _(xp, alpha, beta):
-    def kernel(a, b, c, scale=None, out=None):
-        return la.product_plus(xp, a, b, c, alpha if scale is None else alpha * float(scale), beta, out)
+    def kernel(a, b, c, scale=None, beta_scale=None, out=None):
+        return la.product_plus(xp, a, b, c, alpha if scale is None else alpha * float(scale),
+                               beta if beta_scale is None else beta * float(beta_scale), out)
     return kernel
 
 

@@ -9,6 +9,8 @@ from cgvm.errors import GraphBuildError, ShapeError
 from cgvm.ir import TensorType, input_value
 from cgvm.ops import elementwise as E
 from cgvm.ops import reduce as R
+from cgvm.ops import indexing as I
+from cgvm.ops import shape as S
 from harness import Case, check_case, check_grad
 
 # log(0) = -inf is the right logsumexp of a row of -inf; NumPy warns about it on the way
@@ -23,6 +25,11 @@ def r(*shape, dtype=np.float32):
 
 def ints(*shape, dtype=np.int32):
     return rng.integers(-5, 6, size=shape).astype(dtype)
+
+
+def sum_squares_ref(a):
+    """math.fsum of the squares in float64, in a's dtype."""
+    return np.asarray(math.fsum(float(v) ** 2 for v in np.asarray(a, np.float64).ravel()), a.dtype)
 
 
 def distinct(*shape):
@@ -76,6 +83,17 @@ SUMS = [
     Case("sum_negative_axes_keepdims", lambda x: R.sum(x, axis=(-1, 0), keepdims=True), [r(2, 3, 4)],
          lambda a: a.sum(axis=(0, 2), keepdims=True)),
     Case("sum_dynamic", lambda x: R.sum(x, axis=-2), [r(2, 3, 4)], lambda a: a.sum(axis=1), dynamic=True),
+    # sum_squares: one BLAS dot where x is a contiguous float32/float64 NumPy array, else sum(square(x))
+    Case("sum_squares", R.sum_squares, [r(3, 4)], lambda a: sum_squares_ref(a)),
+    Case("sum_squares_blas_float64", R.sum_squares, [r(300, 250, dtype=np.float64)], lambda a: sum_squares_ref(a),
+         rtol=1e-12, grad=False),
+    Case("sum_squares_blas_float32", R.sum_squares, [r(300, 250)], lambda a: sum_squares_ref(a), rtol=1e-5,
+         grad=False),
+    Case("sum_squares_strided", lambda x: R.sum_squares(I.slice(S.transpose(x), steps=(2,), axes=(0,))), [r(6, 8)],
+         lambda a: sum_squares_ref(a.T[::2])),
+    Case("sum_squares_dynamic_3d", R.sum_squares, [r(2, 3, 4, dtype=np.float64)], lambda a: sum_squares_ref(a),
+         dynamic=True),
+    Case("sum_squares_0d", R.sum_squares, [np.array(-1.5)], lambda a: sum_squares_ref(a)),
     Case("sum_int32_gives_int64", lambda x: R.sum(x, axis=0), [ints(3, 4)], lambda a: a.sum(axis=0), grad=False),
     Case("sum_bool_counts", R.sum, [ints(3, 4) > 0], np.sum, grad=False),
     Case("sum_uint8_gives_uint64", R.sum, [ints(5).astype(np.uint8)], np.sum, grad=False),
