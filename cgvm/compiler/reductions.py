@@ -4,7 +4,7 @@ An L2 penalty ``k * (w ** 2).sum()`` costs a squared temporary of w's size and a
 to sum it. ``sum_squares`` is one BLAS dot of w's elements with themselves (one pass, no
 temporary; see cgvm.ops.reduce). Matched, for float32 and float64:
 
-    sum(square(x)) | sum(x * x)        axis None or every axis, keepdims False
+    sum(square(x)) | sum(x * x)        axis None or every axis, keepdims False, through transposes
 
 The square may have other readers (they still compute it); the sum's gradient was taken before
 the passes run, and sum_squares has its own (2 x g) for graphs differentiated after.
@@ -42,10 +42,12 @@ def _rule(node: Node, inputs: List[Value], leaves: set) -> Optional[List[Value]]
     axes = node.attrs["axis"]
     if axes is not None and len(normalize_axes(axes, v.ndim)) != v.ndim:
         return None
+    while v.node is not None and id(v) not in leaves and v.node.op.name == "transpose":
+        v = v.node.inputs[0]   # every axis summed: the order is no matter (the layout pass sinks transposes here)
     x = _squared(v, leaves)
     if x is None or node.outputs[0].dtype is not x.dtype:
         return None
-    return [apply(red.sum_squares, [x], {}, name=node.name, source=fused_source([v.node, node]))]
+    return [apply(red.sum_squares, [x], {}, name=node.name, source=fused_source([inputs[0].node, node]))]
 
 
 def fuse_square_sums(graph: Graph) -> Graph:
