@@ -1,4 +1,5 @@
-"""Indexing ops: basic slicing, set/inc of a sliced region, integer-array indexing, padding, one-hot.
+"""Indexing ops: basic slicing (bounds as attributes, or as values: dynamic_slice), set/inc of a sliced
+region, integer-array indexing, padding, one-hot.
 
 Slices follow Python: ``starts``/``stops``/``steps`` per axis in ``axes`` (default: the leading
 axes), with ``None``, negative indices and negative steps. Gradients of gathers are scatter-adds
@@ -150,6 +151,73 @@ def _(node, g):
 def _(node, g):
     x, y = node.inputs
     return [g, _region_grad(g, y, node.attrs)]
+
+
+# --------------------------------------------------------------------------- slices with bounds known at run time
+
+def _bounds_infer(types, axis, step, what):
+    x, start, stop = types[-3:]
+    for t, name in ((start, "start"), (stop, "stop")):
+        _require_int(t, f"{what}: the {name}")
+        if t.ndim != 0:
+            raise ShapeError(f"{what}: the {name} must be a scalar, got {t!r}")
+    if step == 0:
+        raise ValueError(f"{what}: the step cannot be zero")
+    return normalize_axis(axis, x.ndim)
+
+
+def _dynamic_slice_infer(types, axis, step):
+    x = types[0]
+    a = _bounds_infer(types, axis, step, "dynamic_slice")
+    return TensorType(x.shape[:a] + (None,) + x.shape[a + 1:], x.dtype)
+
+
+dynamic_slice = defop("dynamic_slice", num_inputs=3, view=True, attrs={"axis": Int(0), "step": Int(1)},
+                      infer=_dynamic_slice_infer,
+                      doc="x[start:stop:step] along axis, start and stop 0-d integer values known at run time "
+                          "(Python's rules: negative bounds count from the end, out-of-range ones clamp); a "
+                          "view, as the slice op (Theano's X[i * n:(i + 1) * n] of a givens minibatch).")
+
+
+def _range_index(x, start, stop, axis, step):
+    return (_py_slice(None),) * (axis % x.ndim) + (_py_slice(int(start), int(stop), step),)
+
+
+@dynamic_slice.kernel
+def _(xp, x, start, stop, *, axis, step):
+    return x[_range_index(x, start, stop, axis, step)]
+
+
+@dynamic_slice.grad
+def _(node, g):
+    x, start, stop = node.inputs
+    return [dynamic_slice_grad(g, x, start, stop, **node.attrs), None, None]
+
+
+def _dynamic_slice_grad_infer(types, axis, step):
+    _bounds_infer(types, axis, step, "dynamic_slice_grad")
+    return TensorType(types[1].shape, types[0].dtype)
+
+
+dynamic_slice_grad = defop("dynamic_slice_grad", num_inputs=4, pattern=OPAQUE, shape_only=(1,),
+                           attrs={"axis": Int(0), "step": Int(1)}, infer=_dynamic_slice_grad_infer,
+                           doc="Zeros shaped like x with g in the region dynamic_slice read (its adjoint).")
+
+
+@dynamic_slice_grad.kernel
+def _(xp, g, x, start, stop, *, axis, step, out=None):
+    if out is None:
+        out = xp.zeros(x.shape, dtype=g.dtype)
+    else:
+        out.fill(0)
+    out[_range_index(out, start, stop, axis, step)] = g
+    return out
+
+
+@dynamic_slice_grad.grad
+def _(node, gg):
+    _, x, start, stop = node.inputs
+    return [dynamic_slice(gg, start, stop, **node.attrs), None, None, None]
 
 
 # --------------------------------------------------------------------------- take / advanced indexing

@@ -405,6 +405,13 @@ def _slice(ctx, node, ins):
                              ctx.ints(steps)])
 
 
+@lowering("dynamic_slice")
+def _dynamic_slice(ctx, node, ins):
+    a = node.attrs
+    bounds = [ctx.one("Reshape", [v, ctx.ints([1])]) for v in ins[1:]]   # 0-d start and stop as 1-vectors
+    return ctx.one("Slice", [ins[0], *bounds, ctx.ints([_axis(a["axis"], node.inputs[0].ndim)]), ctx.ints([a["step"]])])
+
+
 @lowering("take")
 def _take(ctx, node, ins):
     axis = node.attrs["axis"]

@@ -106,7 +106,7 @@ def stable_log(x: Value) -> Optional[Value]:
         for one, y in (node.inputs, node.inputs[::-1]):
             if _is_one(one) and y.node is not None and y.node.op.name == "exp" and y.type == x.type:
                 return ew.softplus(y.node.inputs[0])
-    if op in ("advanced_index", "take", "slice", "squeeze", "expand_dims"):
+    if op in ("advanced_index", "take", "slice", "dynamic_slice", "squeeze", "expand_dims"):
         inner = stable_log(node.inputs[0])
         if inner is not None:
             return node.op(inner, *node.inputs[1:], **node.attrs)

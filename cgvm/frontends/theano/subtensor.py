@@ -93,8 +93,7 @@ def getitem(x: TensorVariable, index: Any) -> TensorVariable:
                              steps=(_const_scalar(item.step),), axes=(axis,))
                 out = _mark(ix.slice(out.value, **attrs), out, "slice", attrs, x)
             else:
-                idx = _slice_indices(out, axis, item)
-                out = _mark(ix.take(out.value, idx.value, axis=axis), out, "take", (axis, idx), x)
+                out = _dynamic_slice(out, axis, item, x)
             axis += 1
         elif _const_scalar(item) is not None and not _is_array_index(item):
             k = _const_scalar(item)
@@ -190,16 +189,39 @@ def _advanced(x: TensorVariable, index: Tuple[Any, ...]) -> TensorVariable:
     return out
 
 
-def _slice_indices(x: TensorVariable, axis: int, s: slice) -> TensorVariable:
-    """The positions ``s`` selects along ``axis``, for bounds known only at run time (Python's rules)."""
-    from . import shapes
+def _dynamic_slice(x: TensorVariable, axis: int, s: slice, root: TensorVariable) -> TensorVariable:
+    """``x[s]`` along ``axis`` for bounds known only at run time: a view (dynamic_slice), as NumPy's.
+    Absent bounds are the ends (Python clamps the largest int64 there). Writing through it
+    (set/inc_subtensor) goes by the positions it selects; nothing computes them otherwise."""
+    step = _slice_step(s)
+    big = np.iinfo(np.int64).max
 
-    n = shapes._dims(x)[axis]
+    def bound(b: Any, default: int) -> TensorVariable:
+        if b is None:
+            return constant(default, dtype="int64")
+        return B.cast(as_tensor_variable(b) if not _is_int(b) else constant(int(b), dtype="int64"), "int64")
+
+    start, stop = (bound(s.start, 0), bound(s.stop, big)) if step > 0 else (bound(s.start, big),
+                                                                           bound(s.stop, -big - 1))
+    view = ix.dynamic_slice(x.value, start.value, stop.value, axis=axis, step=step)
+    return _mark(view, x, "take", (axis, _slice_indices(x, axis, s)), root)
+
+
+def _slice_step(s: slice) -> int:
     step = _const_scalar(s.step) if s.step is not None else 1
     if step is None:
         raise IndexError("a slice step must be known when the graph is built")
     if step == 0:
         raise ValueError("slice step cannot be zero")
+    return int(step)
+
+
+def _slice_indices(x: TensorVariable, axis: int, s: slice) -> TensorVariable:
+    """The positions ``s`` selects along ``axis``, for bounds known only at run time (Python's rules)."""
+    from . import shapes
+
+    n = shapes._dims(x)[axis]
+    step = _slice_step(s)
 
     def norm(b: Any, default: Any, lo: Any, hi: Any) -> Any:
         if b is None:
