@@ -32,6 +32,11 @@ def _sum(ctx, node, ins):
     return ctx.one("ReduceSum", [x, ctx.ints(_axes_of(node))], keepdims=int(node.attrs["keepdims"]))
 
 
+@lowering("sum_squares")
+def _sum_squares(ctx, node, ins):
+    return ctx.one("ReduceSumSquare", ins, keepdims=0)   # no axes: every axis
+
+
 def _reduce(op_type):
     def lower(ctx, node, ins):
         return ctx.one(op_type, ins, axes=_axes_of(node), keepdims=int(node.attrs["keepdims"]))

@@ -153,3 +153,21 @@ def test_multinomial_draws_classes_by_their_softmax_probabilities():
         freq = np.bincount(y[row], minlength=3) / 4000.0
         np.testing.assert_allclose(freq, probs[row], atol=0.03)
     assert not np.any(y[1] == 1)                   # a class of probability 0 is never drawn
+
+
+def test_sum_squares_and_dynamic_slice_export_as_standard_ops():
+    """What the compiler makes of an L2 penalty (sum_squares) and a minibatch slice with bounds known at
+    run time (dynamic_slice) exports as ReduceSumSquare and Slice, checked in ONNX's reference evaluator."""
+    from cgvm.ops import elementwise as E, indexing as IX, reduce as R
+    x = input_value(TensorType((6, 3), "float32"), "x")
+    i = input_value(TensorType((), "int64"), "i")
+    f = cgvm.compile([x, i], [R.sum(E.square(x)), IX.dynamic_slice(x, E.mul(i, 2), E.mul(E.add(i, 1), 2)),
+                              IX.dynamic_slice(x, i, E.neg(i), axis=1, step=-1)])
+    assert {"sum_squares", "dynamic_slice"} <= {n.op.name for n in f.graph.nodes}
+    ref = ReferenceEvaluator(cgvm.onnx.export(f))
+    xv = np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
+    for iv in (0, 1, 2):
+        got = ref.run(None, dict(zip(ref.input_names, (xv, np.array(iv)))))
+        np.testing.assert_allclose(got[0], np.sum(xv.astype(np.float64) ** 2), rtol=1e-6)
+        np.testing.assert_array_equal(got[1], xv[2 * iv:2 * iv + 2])
+        np.testing.assert_array_equal(got[2], xv[:, iv:-iv:-1])
