@@ -28,6 +28,7 @@ liveness.update_plan), so ``w`` is written once, by the gemm.
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..ir.builder import apply
@@ -44,33 +45,31 @@ _FLOATS = ("float32", "float64")
 Poly = Dict[Tuple[int, ...], float]
 
 
-def _scalar_constant(v: Value) -> Optional[float]:
-    return float(v.data.item()) if v.kind == CONST and v.data.size == 1 and v.ndim == 0 else None
-
-
 def _unit(v: Value, ndim: int) -> bool:
     """``v`` surely holds one element and broadcasts into ``ndim`` dimensions without widening."""
     return v.ndim <= ndim and all(d == 1 for d in v.shape)
 
 
+def _made(v: Value, leaves: set) -> Optional[Node]:
+    """The node computing ``v`` in this graph: None for its inputs, whatever made them before a cut."""
+    return None if id(v) in leaves else v.node
+
+
 class _Shapes:
     """Which values surely have one shape, unknown dimensions included: a value's key is the value
     whose shape it provably has (elementwise ops over one shape and unit values, broadcast_like of
-    a unit value, sum_to_like)."""
+    a unit value, sum_to_like), found in one pass over the graph in order."""
 
-    def __init__(self):
+    def __init__(self, graph: Graph):
         self._keys: Dict[int, Value] = {}
+        for n in graph.nodes:
+            if len(n.outputs) == 1:
+                self._keys[id(n.outputs[0])] = self._key(n, n.outputs[0])
 
     def key(self, v: Value) -> Value:
-        hit = self._keys.get(id(v))
-        if hit is None:
-            hit = self._keys[id(v)] = self._key(v)
-        return hit
+        return self._keys.get(id(v), v)
 
-    def _key(self, v: Value) -> Value:
-        n = v.node
-        if n is None or len(n.outputs) != 1:
-            return v
+    def _key(self, n: Node, v: Value) -> Value:
         name = n.op.name
         if name == "sum_to_like":                       # the shape of its second input, always
             return self.key(n.inputs[1])
@@ -94,7 +93,8 @@ class _Shapes:
 class _Readers:
     """Who reads each value; a pattern may swallow a value only its own node reads."""
 
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, leaves: set):
+        self.leaves = leaves
         self.outputs = {id(v) for v in graph.outputs}
         self.count: Dict[int, int] = {}
         for n in graph.nodes:
@@ -103,7 +103,7 @@ class _Readers:
                     self.count[id(v)] = self.count.get(id(v), 0) + 1
 
     def private(self, v: Value) -> bool:
-        return v.node is not None and id(v) not in self.outputs and self.count.get(id(v), 0) == 1
+        return _made(v, self.leaves) is not None and id(v) not in self.outputs and self.count.get(id(v), 0) == 1
 
 
 def _scaled(p: Poly, factor: float, scalar: Optional[Value] = None) -> Poly:
@@ -122,38 +122,53 @@ class _Combination:
         self.scalars: Dict[int, Value] = {}
         self.swallowed: List[Node] = []
         self.ok = True
-        self._walk(self.z, {(): 1.0}, root=True)
+        self._walk()
 
     def _conforms(self, v: Value) -> bool:
         return v.ndim == 2 and v.dtype is self.z.dtype
 
     def _scalar(self, s: Value, other: Value) -> Optional[Tuple[float, Optional[Value]]]:
         """``s`` as a factor beside ``other``: (constant, None) or (1, a 0-d float value); None if neither."""
-        if s.node is not None and s.node.op.name == "broadcast_like":
-            if not self.shapes.same(s.node.inputs[1], other):
+        leaves = self.readers.leaves
+        n = _made(s, leaves)
+        if n is not None and n.op.name == "broadcast_like":
+            if not self.shapes.same(n.inputs[1], other):
                 return None   # it would widen other
-            s = s.node.inputs[0]
+            s = n.inputs[0]
         if not _unit(s, 2):
             return None
-        while s.node is not None and s.node.op.name == "expand_dims":
+        while _made(s, leaves) is not None and s.node.op.name == "expand_dims":
             s = s.node.inputs[0]
         if s.kind == CONST:
             return float(s.data.item()), None
         return (1.0, s) if s.ndim == 0 and s.dtype.is_float else None
 
-    def _walk(self, v: Value, coef: Poly, root: bool = False) -> None:
-        n = v.node
-        through = n is not None and (root or self.readers.private(v)) and self._conforms(v) and len(n.outputs) == 1
-        name = n.op.name if through else ""
+    def _walk(self) -> None:
+        """Breadth first, so a chain of many terms is given up on after its first three bases."""
+        queue = deque([(self.z, {(): 1.0})])
+        while queue and self.ok:
+            v, coef = queue.popleft()
+            step = self._step(v, coef, root=v is self.z)
+            if step is None:
+                if v is self.z:
+                    self.ok = False
+                    return
+                self._add_term(v, coef)
+            else:
+                queue.extend(step)
+
+    def _step(self, v: Value, coef: Poly, root: bool) -> Optional[List[Tuple[Value, Poly]]]:
+        """What ``v`` is a combination of, if the pattern reads through its node; None for a base."""
+        n = _made(v, self.readers.leaves)
+        if n is None or not (root or self.readers.private(v)) or not self._conforms(v) or len(n.outputs) != 1:
+            return None
+        name = n.op.name
         if name in ("add", "sub") and all(self._conforms(x) for x in n.inputs):
             self.swallowed.append(n)
-            self._walk(n.inputs[0], coef)
-            self._walk(n.inputs[1], coef if name == "add" else _scaled(coef, -1.0))
-            return
+            return [(n.inputs[0], coef), (n.inputs[1], coef if name == "add" else _scaled(coef, -1.0))]
         if name == "neg":
             self.swallowed.append(n)
-            self._walk(n.inputs[0], _scaled(coef, -1.0))
-            return
+            return [(n.inputs[0], _scaled(coef, -1.0))]
         if name in ("mul", "div"):
             for k in ((0, 1) if name == "mul" else (1,)):
                 other = n.inputs[1 - k]
@@ -164,20 +179,20 @@ class _Combination:
                 if scalar is not None:
                     self.scalars[id(scalar)] = scalar
                 self.swallowed.append(n)
-                self._walk(other, _scaled(coef, value if name == "mul" else 1.0 / value, scalar))
-                return
+                return [(other, _scaled(coef, value if name == "mul" else 1.0 / value, scalar))]
         if name == "sum_to_like" and self._conforms(n.inputs[0]) and self.shapes.same(n.inputs[0], n.inputs[1]):
             self.swallowed.append(n)   # the identity here: its input has its target's shape
-            self._walk(n.inputs[0], coef)
-            return
-        if root:
-            self.ok = False
-            return
+            return [(n.inputs[0], coef)]
+        return None
+
+    def _add_term(self, v: Value, coef: Poly) -> None:
         base, before = self.terms.get(id(v), (v, {}))
         merged = dict(before)
         for m, f in coef.items():
             merged[m] = merged.get(m, 0.0) + f
         self.terms[id(v)] = (base, merged)
+        if len(self.terms) > 2:
+            self.ok = False   # a third base: not this pattern
 
 
 class _Accumulation(NamedTuple):
@@ -246,7 +261,8 @@ def fuse_accumulations(graph: Graph) -> Graph:
     """``beta * c + alpha * (a @ b)`` -> ``gemm_accumulate(a, b, c[, alpha value[, beta value]], alpha, beta)``."""
     if not any(n.op.name == "matmul" for n in graph.nodes):   # the pattern's product: nothing to match
         return graph
-    readers, shapes = _Readers(graph), _Shapes()
+    leaves = {id(v) for v in graph.inputs}
+    readers, shapes = _Readers(graph, leaves), _Shapes(graph)
     found: Dict[int, _Accumulation] = {}
     claimed: set = set()
     for n in reversed(graph.nodes):   # the outermost root first: an add inside its combination is no root

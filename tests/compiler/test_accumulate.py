@@ -484,3 +484,22 @@ def test_momentum_with_decay_in_theano_matches_numpy():
         v1, v2 = 0.9 * v1 - 0.1 * g1, 0.9 * v2 - 0.1 * g2
         np.testing.assert_allclose(W1.get_value(), w1, rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(W2.get_value(), w2, rtol=1e-10, atol=1e-12)
+
+
+def test_a_long_sum_of_products_is_walked_without_recursion_and_quickly():
+    """A weight read in 3000 places: its gradient is a chain of 3000 adds of products (an unrolled
+    network). No root of it is this pattern; each is given up on after its first three bases."""
+    import time
+    c, a, b = _matrices((6, 5), (6, 7), (7, 5))
+    total = c
+    for _ in range(3000):
+        total = E.add(total, L.matmul(a, b))
+    graph = Graph([c, a, b], [total])
+    start = time.perf_counter()
+    fused = fuse_accumulations(graph)
+    assert time.perf_counter() - start < 5.0
+    assert "gemm_accumulate" not in _names(fused)          # the innermost c + p is a plain sum: the epilogues'
+    total = E.sub(E.mul(c, 0.5), L.matmul(a, b))
+    for _ in range(3000):
+        total = E.add(total, L.matmul(a, b))
+    assert _names(fuse_accumulations(Graph([c, a, b], [total]))).count("gemm_accumulate") == 1   # the innermost
