@@ -287,7 +287,9 @@ def fuse_accumulations(graph: Graph) -> Graph:
             args.append(alpha_value if alpha_value is not None else const_value(1.0, dtype))
         if beta_value is not None:
             args.append(beta_value)
-        return [apply(F.gemm_accumulate, args, {"alpha": alpha, "beta": beta},
-                      name=node.name, source=fused_source([m for m in hit.swallowed if m is not node] + [node]))]
+        out = apply(F.gemm_accumulate, args, {"alpha": alpha, "beta": beta},
+                    name=node.name, source=fused_source([m for m in hit.swallowed if m is not node] + [node]))
+        out.name = node.outputs[0].name   # the user's name for the update, if it had one
+        return [out]
 
     return rewrite(graph, rule, lookup=True)

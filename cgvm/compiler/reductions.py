@@ -47,7 +47,9 @@ def _rule(node: Node, inputs: List[Value], leaves: set) -> Optional[List[Value]]
     x = _squared(v, leaves)
     if x is None or node.outputs[0].dtype is not x.dtype:
         return None
-    return [apply(red.sum_squares, [x], {}, name=node.name, source=fused_source([inputs[0].node, node]))]
+    out = apply(red.sum_squares, [x], {}, name=node.name, source=fused_source([inputs[0].node, node]))
+    out.name = node.outputs[0].name   # the user's name for the sum (a Theano cost's scope on the board)
+    return [out]
 
 
 def fuse_square_sums(graph: Graph) -> Graph:

@@ -126,8 +126,8 @@ def test_theano_names_become_scopes_and_training_nodes_gradients_and_updates(tmp
     names = [n.name for n in builder.out.node]
     assert any(n.startswith("hidden/") for n in names) and any(n.startswith("cost/") for n in names)
     assert any(n.startswith("gradients/") for n in names) and any(n.startswith("updates/") for n in names)
-    # the run's graph: h ** 2 is simplified to square(h), in the scope of the value it feeds
-    assert "W" in names and "hidden/tanh" in names and "cost/square" in names
+    # the run's graph: sum(h ** 2) is simplified to one sum_squares(h), in the scope of the cost it is
+    assert "W" in names and "hidden/tanh" in names and "cost/sum_squares" in names
     ea = read(tmp_path / "t")
     assert sorted(n.name for n in ea.Graph().node) == sorted(names)
 

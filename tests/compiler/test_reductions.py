@@ -101,3 +101,11 @@ def test_gradients_of_a_penalized_loss_match_central_differences(penalty):
     np.testing.assert_allclose(value, np.sum(np.tanh(wv) * c) + 0.3 * _fsum_squares(wv), rtol=1e-13)
     np.testing.assert_allclose(grad, _numeric_grad(lambda v: float(f(v)[0]), wv), rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(grad, (1 - np.tanh(wv) ** 2) * c + 0.6 * wv, rtol=1e-12)
+
+
+def test_the_sum_keeps_its_name():
+    x = input_value(TensorType((4, 5), "float64"), "x")
+    total = R.sum(E.square(x))
+    total.name = "penalty"
+    (node,) = fuse_square_sums(Graph([x], [total])).nodes
+    assert node.op.name == "sum_squares" and node.outputs[0].name == "penalty"
