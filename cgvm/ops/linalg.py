@@ -91,6 +91,21 @@ def _(node, g):
     return [ga, gb]
 
 
+@matmul.over_steps
+def _(node, stepped):
+    # a leading axis of steps must become a batch axis of the product, never its rows: a stepped
+    # vector times a matrix is a matrix product of the stacked rows; otherwise the stepped operand
+    # must have at least the other's rank, so that the new axis leads the broadcast batch axes
+    (a, b), (sa, sb) = node.inputs, stepped
+    if sa and not sb:
+        ok = b.ndim == 2 if a.ndim == 1 else 2 <= b.ndim <= a.ndim
+    elif sb and not sa:
+        ok = b.ndim >= 2 and a.ndim <= b.ndim
+    else:
+        ok = sa and sb and a.ndim == b.ndim >= 2
+    return {} if ok else None
+
+
 # --------------------------------------------------------------------------- gemm
 
 def _gemm_infer(types, trans_a, trans_b, alpha, beta):

@@ -23,7 +23,7 @@ from . import shape as shp
 from .nn_norm import (  # noqa: F401  (re-exported: the nn family's normalization ops)
     ACROSS, WITHIN, batch_norm, batch_norm_grad, lrn, lrn_grad, lrn_window_sum)
 from .registry import OPAQUE, defop
-from .rules import assign_out as _assign, dims_agree as _dims_agree, normalize_axis, require_float
+from .rules import assign_out as _assign, dims_agree as _dims_agree, normalize_axis, over_steps_along, require_float
 
 
 
@@ -136,6 +136,10 @@ def _(node, gg):
     return [softmax_grad(gg, y, axis=axis), dy]
 
 
+for _op in (softmax, softmax_grad):
+    _op.over_steps(over_steps_along("axis"))
+
+
 log_softmax = defop("log_softmax", pattern=OPAQUE, infer=_softmax_infer, inplace=((0, 0),), attrs={"axis": Int(1)},
                     doc="x - logsumexp(x) along axis (default 1), computed without overflow.")
 
@@ -172,6 +176,10 @@ def _(node, gg):
     dg = ew.sub(gg, red.sum(ew.mul(gg, p), axis=axis, keepdims=True))
     dy = ew.neg(ew.mul(ew.mul(gg, p), red.sum(g, axis=axis, keepdims=True)))
     return [dg, dy]
+
+
+for _op in (log_softmax, log_softmax_grad):
+    _op.over_steps(over_steps_along("axis"))
 
 
 # --------------------------------------------------------------------------- dropout

@@ -51,8 +51,9 @@ def test_scan_values(backend, backwards):
     got = f(*vals)
     for g, w in zip(got, rnn_reference(*vals, backwards=backwards)):
         np.testing.assert_allclose(cgvm.get_backend(backend).to_numpy(g), w, rtol=1e-12)
-    # one loop, not unrolled; x_t * w reads no carry, so the push-out pass does it before the loop
-    assert [n.op.name for n in f.graph.nodes] == ["mul", "scan"]
+    # one loop, not unrolled; x_t * w reads no carry, so the push-out pass does it before the loop,
+    # and the per-step output h_t * h_t after it, over the stacked h_t
+    assert [n.op.name for n in f.graph.nodes] == ["mul", "scan", "mul"]
 
 
 @pytest.mark.parametrize("backwards", [False, True])
