@@ -50,6 +50,12 @@ def _attrs_over_steps(n: Node, stepped_ids: Dict[int, Value], invariant: Dict[in
     return n.op.attrs_over_steps(n, stepped)
 
 
+def _outside(v: Value) -> Value:
+    """A loop-invariant operand as work moved out of the loop reads it: one product over all steps
+    reads a transposed view as fast as the contiguous copy hoisting made for the body's GEMMs."""
+    return v.node.inputs[0] if v.node is not None and v.node.op is shp.contiguous else v
+
+
 def _push_sequence_work(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
     """Rebuild ``node`` with the body's per-step work that reads no carry done over all steps first:
     matmul(sequence slice, non-sequence), elementwise nodes and every op that says how it runs over
@@ -61,7 +67,7 @@ def _push_sequence_work(node: Node, inputs: List[Value]) -> Optional[List[Value]
     invariant = {id(v): o for v, o in zip(body.inputs[S + C:], inputs[S + C:])}
 
     def outer(v: Value) -> Value:
-        return v if v.kind == CONST else seqlike.get(id(v)) or invariant[id(v)]
+        return v if v.kind == CONST else seqlike.get(id(v)) or _outside(invariant[id(v)])
 
     pushed: List[Node] = []
     over: Dict[int, dict] = {}
@@ -332,10 +338,7 @@ def _push_step_outputs(node: Node, inputs: List[Value]) -> Optional[List[Value]]
         if v.kind == CONST or id(v) in outer:
             return outer.get(id(v), v)
         got = invariant.get(id(v))
-        # outside the loop one product reads a transposed view as fast as a copy made for the loop
-        if got is not None and got.node is not None and got.node.op is shp.contiguous:
-            got = got.node.inputs[0]
-        return got
+        return None if got is None else _outside(got)
     for n in body.nodes:
         if id(n) in over:
             ins = [value(v) for v in n.inputs]
@@ -345,6 +348,28 @@ def _push_step_outputs(node: Node, inputs: List[Value]) -> Optional[List[Value]]
     it = iter(ys)
     new_ys = [outer[id(body.outputs[C + j])] if j in moved_ys else next(it) for j in range(n_ys)]
     return list(finals) + list(stacks) + new_ys
+
+
+# --------------------------------------------------------------------------- unread inputs
+
+def _drop_unread_inputs(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
+    """Rebuild ``node`` without the non-sequences (and, where the step count is given, sequences)
+    its body no longer reads once work went out: what computed them (a transposed copy made for
+    the body's GEMM) need not run."""
+    a = node.attrs
+    body: Graph = a["body"]
+    S, C = a["n_seqs"], a["n_carry"]
+    read = {id(v) for n in body.nodes for k, v in enumerate(n.inputs)} | {id(v) for v in body.outputs}
+    steps_given = a["dyn_steps"] or a["n_steps"] is not None
+    drop = [k for k, v in enumerate(body.inputs)
+            if id(v) not in read and (k >= S + C or (k < S and steps_given))]
+    if not drop:
+        return None
+    keep = [k for k in range(len(body.inputs)) if k not in drop]
+    new_body = Graph([body.inputs[k] for k in keep], list(body.outputs), name=body.name)
+    tail = list(inputs[len(body.inputs):])   # the step count, when dynamic
+    attrs = dict(a, body=new_body, n_seqs=S - sum(1 for k in drop if k < S))
+    return list(clone_node(node, [inputs[k] for k in keep] + tail, attrs))
 
 
 def push_out_loop_work(graph: Graph) -> Graph:
@@ -359,10 +384,15 @@ def push_out_loop_work(graph: Graph) -> Graph:
         if again is not None:
             repl, node = again
             inputs = list(node.inputs)
-        after = _push_step_outputs(node, inputs)
-        if after is None:
-            return repl
-        # what was built on the scan's outputs (the accumulators' products) now reads the new scan's
-        return after if repl is None else rebuild(repl, {id(o): v for o, v in zip(node.outputs, after)})
+        for step in (_push_step_outputs, _drop_unread_inputs):
+            after = step(node, inputs)
+            if after is not None:
+                # what was built on the scan's outputs (the accumulators' products) reads the new scan's
+                repl = after if repl is None else rebuild(repl, {id(o): v for o, v in zip(node.outputs, after)})
+                scans = [v.node for v in after if v.node is not None and v.node.op is node.op]
+                if not scans:
+                    break
+                node, inputs = scans[0], list(scans[0].inputs)
+        return repl
 
     return rewrite(graph, rule)

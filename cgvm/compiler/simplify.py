@@ -126,11 +126,42 @@ def _sink_where(node, inputs, positions):
 
 
 def _add(node, inputs):
-    return _identity_operand(node, inputs, 0.0, (0, 1))
+    x = _identity_operand(node, inputs, 0.0, (0, 1))
+    return x if x is not None else _unbroadcast_against(node, inputs)
+
+
+def _unbroadcast_against(node, inputs) -> Optional[Value]:
+    """``c ± [s *] broadcast_like(p, c)`` -> ``c ± [s *] p`` (s a scalar): adding to c broadcasts p
+    to c's shape anyway. A loop's summed gradient arrives so (cgvm.compiler.loop_pushout), and its
+    SGD step ``w - lr * p`` then becomes one GEMM adding into w (cgvm.compiler.accumulate)."""
+    out = node.outputs[0]
+    for k in (0, 1):
+        c, t = inputs[1 - k], inputs[k]
+        scale = producer(t, "mul")
+        if scale is not None:
+            s = next((v for v in scale.inputs if v.ndim == 0), None)
+            inner = next((v for v in scale.inputs if v is not s), None) if s is not None else None
+        else:
+            s, inner = None, t
+        b = producer(inner, "broadcast_like") if inner is not None else None
+        if b is None or b.inputs[1] is not c or b.inputs[0].dtype is not inner.dtype:
+            continue
+        p = b.inputs[0]
+        if s is not None:
+            p = build(ew.mul, [p, s] if scale.inputs[0] is inner else [s, p], {}, scale)
+        args = list(inputs)
+        args[k] = p
+        new = build(node.op, args, dict(node.attrs), node)
+        if new.type == out.type:
+            return new
+    return None
 
 
 def _sub(node, inputs):
     x = _identity_operand(node, inputs, 0.0, (1,))
+    if x is not None:
+        return x
+    x = _unbroadcast_against(node, inputs)
     if x is not None:
         return x
     e = producer(inputs[0], "exp")

@@ -140,6 +140,8 @@ broadcast_like.identity_when(same_type_as_input)
 
 @broadcast_like.kernel
 def _(xp, x, like):
+    if x.shape == like.shape:   # what specialization aliases where it knows the shapes (10 us saved)
+        return x
     return xp.broadcast_to(x, xp.broadcast_shapes(x.shape, like.shape))
 
 

@@ -275,6 +275,29 @@ def test_a_hoisted_transpose_read_by_a_gemm_enters_the_loop_contiguous():
     np.testing.assert_allclose(f(x, h0, uu), want, rtol=1e-12)
 
 
+def test_a_hoisted_transpose_times_one_vector_enters_the_loop_as_a_view():
+    """h_t @ U^T for one sequence (h_t a vector): no contiguous copy, which would cost more than the
+    strided matrix-vector products it saves."""
+    from cgvm.ops import linalg as L
+    from cgvm.ops import shape as S
+
+    f64 = "float64"
+    xt, h, u = (input_value(TensorType(s, f64), n) for s, n in (((5,), "xt"), ((5,), "h"), ((5, 5), "u")))
+    body = Graph([xt, h, u], [E.tanh(E.add(xt, L.matmul(h, S.transpose(u))))], name="rnn_v")
+    X, H0, U = (input_value(TensorType(s, f64), n) for s, n in (((6, 5), "X"), ((5,), "H0"), ((5, 5), "U")))
+    final, _ = C.scan(X, H0, U, body=body, n_seqs=1, n_carry=1)
+    f = cgvm.compile([X, H0, U], final)
+    scan_node = next(n for n in f.graph.nodes if n.op.name == "scan")
+    assert not any(n.op.name == "transpose" for n in scan_node.attrs["body"].nodes)
+    assert scan_node.inputs[-1].node.op.name == "transpose"
+    rng = np.random.default_rng(3)
+    x, h0, uu = (rng.standard_normal(s) for s in ((6, 5), (5,), (5, 5)))
+    want = h0
+    for t in range(6):
+        want = np.tanh(x[t] + want @ uu.T)
+    np.testing.assert_allclose(f(x, h0, uu), want, rtol=1e-12)
+
+
 def test_loop_invariant_work_is_hoisted():
     xt, hp, w, u = vec("xt"), vec("hp"), vec("w"), vec("u")
     w2 = E.exp(E.mul(w, 2.0))  # reads only a non-sequence: should run once, outside the loop
