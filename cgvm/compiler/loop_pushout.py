@@ -1,19 +1,33 @@
 """Push per-step work out of scan loops, where one operation over all steps does the same job.
 
-Two rewrites, both exact up to float summation order:
+Four rewrites, all exact up to float summation order:
 
-- Sequence work. ``matmul(x_t, p)`` of a sequence slice and a non-sequence does not need the
-  loop: one ``matmul(X, p)`` over the stacked sequence runs before it (one large GEMM instead of
-  T small ones) and the body reads the product as a new sequence. Elementwise work on such
-  values goes out with it (BPTT's ``1 - tanh²`` of the stacked forward outputs, say).
+- Sequence work. Work that reads no carry -- sequence slices, loop-invariant values and what is
+  computed from them alone -- does not need the loop: ``matmul(x_t, p)`` becomes one
+  ``matmul(X, p)`` over the stacked sequence before it (one large GEMM instead of T small ones),
+  and the body reads the product as a new sequence. Elementwise work goes out with it (BPTT's
+  ``1 - tanh²`` of the stacked forward outputs), and so does every op that says how it runs
+  over a leading axis of steps (``@op.over_steps``: matmul, expand_dims, squeeze, softmax and
+  its gradient, sum_to_like, ...): BPTT's ``softmax_grad(gy_t, y_t) @ Wᵀ`` of an Elman RNN.
 - Accumulators. A carry that only sums a per-step term, ``c_t = c_{t-1} + term_t``, with
   ``term_t = matmul(transpose(a_t), b_t)`` (the weight gradients of backpropagation through
-  time, also when autodiff wrapped them in ``sum_to_like(·, p)``) or a reducing
-  ``sum_to_like(v_t, p)`` (bias gradients), stops being a carry: the loop stacks ``a_t, b_t``
-  (``v_t``) as per-step outputs (a factor that is a sequence slice is read from the sequence),
-  and after it ``c_T = c_0 + Aᵀ B`` with A, B flattened to (T·N, ·): one GEMM instead of T
-  GEMMs and T additions. Steps a loop does not run (``truncate``, ``until``) leave zero rows in
-  the stacks, which add nothing.
+  time, also when autodiff wrapped them in ``sum_to_like(·, p)``) or ``sum_to_like(v_t, p)``
+  (bias gradients), stops being a carry: the loop stacks ``a_t, b_t`` (``v_t``) as per-step
+  outputs (a factor that is a sequence slice is read from the sequence), and after it
+  ``c_T = c_0 + Aᵀ B`` with A, B flattened to (T·N, ·): one GEMM instead of T GEMMs and T
+  additions. Steps a loop does not run (``truncate``, ``until``) leave zero rows in the stacks,
+  which add nothing. A sum started from zeros (a gradient's) is the product itself, broadcast
+  to the zeros' shape: no zeros made and added (and the SGD step on it becomes one GEMM adding
+  into the weight: cgvm.compiler.simplify, cgvm.compiler.accumulate).
+- Per-step outputs. A per-step output computed from stacked values alone -- stacked carries,
+  other per-step outputs, sequences -- and loop invariants is computed after the loop over the
+  stacks (an Elman RNN's ``softmax(h_t W + b)`` over all the stacked h_t; BPTT's ``dz_t Wᵀ``
+  of the stacked dz_t), and a per-step output that is a sequence slice is that sequence; not
+  where steps may not run (``truncate``, ``until``: their zero rows would not read as zero outputs).
+- Unread inputs. Non-sequences (and, where the step count is given, sequences) the body no
+  longer reads leave the loop, and what computed them need not run (a transposed copy made for
+  a GEMM that went out). Work moved out reads a transposed operand as the view it is: one
+  product over all steps runs as fast on it as on a copy.
 
 Each rewrite keeps the scan's outputs in place, so the rest of the graph is untouched. Work
 that only gives another node its shape stays in the body, where per-signature specialization
@@ -131,7 +145,7 @@ class _Term(NamedTuple):
 def _term_factors(term: Value, invariant: Dict[int, Value]) -> Optional[_Term]:
     """The summable form of a per-step term: matmul(transpose(a), b), optionally inside
     sum_to_like(·, p) with p loop-invariant (how autodiff reduces to a broadcast operand's shape),
-    or sum_to_like(v, p) that really reduces (p has fewer axes than v: bias gradients)."""
+    sum_to_like(v, p) (bias gradients), or a plain vector v."""
     like = None
     n = term.node
     # the patterns, as autodiff writes a loop body's weight gradients (see the docstring)
@@ -147,7 +161,9 @@ def _term_factors(term: Value, invariant: Dict[int, Value]) -> Optional[_Term]:
             a = t.inputs[0]
             if a.ndim == 2 and b.ndim == 2:
                 return _Term("gram", (a, b), like)
-    if like is not None and like.ndim <= term.ndim:
+    # a plain per-step vector (a bias gradient whose shapes autodiff knew agree) sums after the loop
+    # too; a matrix term is left a carry, whose stack of T matrices could be large
+    if (like is None and term.ndim <= 1) or (like is not None and like.ndim <= term.ndim):
         return _Term("sum", (term,), like)
     return None
 
