@@ -43,6 +43,7 @@ from ..ops import linalg, reduce, scan_plumbing
 from ..ops import elementwise as ew
 from ..ops import shape as shp
 from ..ops.registry import BROADCAST, ELEMWISE
+from ..ops.rules import axes_over_steps
 from .rewrite import rewrite
 
 
@@ -304,9 +305,18 @@ def _push_step_outputs(node: Node, inputs: List[Value]) -> Optional[List[Value]]
     after: Dict[int, Value] = {id(v): v for v in seqs}
     after.update((id(body.outputs[k]), body.outputs[k]) for k in stacked)
     after.update((id(v), v) for v in body.outputs[C:])
+    # a value whose expand_dims is stacked is at hand too, squeezed back out of the stack (BPTT
+    # stacks dz_t as a row for a gram product; dz_t Wxᵀ then reads it)
+    unstacked: Dict[int, Tuple[Value, tuple]] = {}
+    for v in body.outputs[C:]:
+        n = v.node
+        if n is not None and n.op is shp.expand_dims and n.inputs[0].node is not None and id(n.inputs[0]) not in after:
+            unstacked[id(n.inputs[0])] = (v, tuple(n.attrs["axis"]))
+            after[id(n.inputs[0])] = n.inputs[0]
     over: Dict[int, dict] = {}
+    providers = {id(y.node) for y, _ in unstacked.values()}   # those stay: their stacks are read
     for n in body.nodes:
-        attrs = _attrs_over_steps(n, after, invariant)
+        attrs = _attrs_over_steps(n, after, invariant) if id(n) not in providers else None
         if attrs is not None:
             over[id(n)] = attrs
             after[id(n.outputs[0])] = n.outputs[0]
@@ -314,7 +324,7 @@ def _push_step_outputs(node: Node, inputs: List[Value]) -> Optional[List[Value]]
     # and what it reads is at hand after the loop (no value of a staying node but a stacked one)
     carries = {id(v) for v in body.outputs[:C]}
     given = {id(v) for v in seqs} | {id(body.outputs[k]) for k in stacked} | \
-        {id(v) for v in body.outputs[C:]}
+        {id(v) for v in body.outputs[C:]} | set(unstacked)
     uses = body.consumers()
     changed = True
     while changed:
@@ -353,6 +363,12 @@ def _push_step_outputs(node: Node, inputs: List[Value]) -> Optional[List[Value]]
     def value(v: Value) -> Optional[Value]:
         if v.kind == CONST or id(v) in outer:
             return outer.get(id(v), v)
+        if id(v) in unstacked:
+            y, axis = unstacked[id(v)]
+            if id(y) not in outer:   # that stack itself moved out
+                return None
+            outer[id(v)] = shp.squeeze(outer[id(y)], axis=axes_over_steps(axis))
+            return outer[id(v)]
         got = invariant.get(id(v))
         return None if got is None else _outside(got)
     for n in body.nodes:

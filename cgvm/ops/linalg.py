@@ -84,10 +84,12 @@ def _(node, g):
     ga, gb = matmul(g2, shp.swap_last_axes(b2)), matmul(shp.swap_last_axes(a2), g2)
     if a2.ndim > 2 or b2.ndim > 2:   # batch axes may have broadcast; matrices' products have their shapes
         ga, gb = _sum_to(ga, a2), _sum_to(gb, b2)
+    # a vector times a matrix: its gradient is the vector times the transpose, as is (no row made
+    # and squeezed again; over a loop's steps, one matrix product of the stacked vectors)
     if a.ndim == 1:
-        ga = shp.squeeze(ga, axis=0)
+        ga = matmul(g, shp.transpose(b, perm=(1, 0))) if b.ndim == 2 else shp.squeeze(ga, axis=0)
     if b.ndim == 1:
-        gb = shp.squeeze(gb, axis=-1)
+        gb = matmul(shp.transpose(a, perm=(1, 0)), g) if a.ndim == 2 else shp.squeeze(gb, axis=-1)
     return [ga, gb]
 
 
