@@ -372,3 +372,41 @@ def test_gradient_of_a_value_that_is_both_a_carry_and_a_per_step_output():
     h0, w0 = np.array([0.3, -0.2, 0.9]), np.array([0.7, 1.2, -0.4])
     num = numeric_grad(lambda v: float(f(h0, v[0])), [w0.copy()], 0, 1e-6)
     np.testing.assert_allclose(g(h0, w0)[0], num, rtol=1e-6)
+
+
+def test_a_weight_a_loop_reads_is_updated_in_its_own_array():
+    """The loop's stacks are its own arrays (scan's may_alias): an SGD step on a weight the loop
+    read, after the loop, may overwrite the weight's array -- and computes what NumPy does."""
+    from cgvm.ir import param_value
+    from cgvm.ops import linalg as L
+
+    ws = cgvm.Workspace()
+    rng = np.random.default_rng(7)
+    ws["u"] = rng.standard_normal((3, 3)) * 0.5
+    u = param_value("u", TensorType((3, 3), F64))
+    xt, hp, uu = vec("xt"), vec("hp"), input_value(TensorType((3, 3), F64), "uu")
+    body = Graph([xt, hp, uu], [E.tanh(E.add(xt, L.matmul(hp, uu)))], name="rnn_u")
+    X, H0 = input_value(TensorType((None, 3), F64), "X"), vec("H0")
+    _, hs = C.scan(X, H0, u, body=body, n_seqs=1, n_carry=1)
+    cost = R.sum(hs)
+    step = cgvm.compile([X, H0], cost, workspace=ws, updates={u: E.sub(u, E.mul(cgvm.grad(cost, u), 0.1))})
+    x, h0 = rng.standard_normal((5, 3)), rng.standard_normal(3)
+    want = ws["u"].copy()
+    ids = set()
+    for _ in range(4):
+        # the NumPy reference: forward, then BPTT for du
+        h, hs_, prev = h0, [], []
+        for t in range(5):
+            prev.append(h)
+            h = np.tanh(x[t] + h @ want)
+            hs_.append(h)
+        gu, gh = np.zeros((3, 3)), np.zeros(3)
+        for t in reversed(range(5)):
+            gz = (gh + 1.0) * (1 - hs_[t] ** 2)
+            gu += np.outer(prev[t], gz)
+            gh = gz @ want.T
+        want = want - 0.1 * gu
+        step(x, h0)
+        ids.add(id(ws["u"]))
+    np.testing.assert_allclose(ws["u"], want, rtol=1e-12)
+    assert len(ids) == 1   # one array throughout: every update overwrote it
