@@ -93,10 +93,12 @@ class Liveness:
             read = set().union(*(aliased.get(a, ()) for a in ins.args))
             for p in read:
                 last_read[p] = pc
-            op = self.program.nodes[ins.node].op
-            if read and (op.view or not op.writes_out):
-                for r in ins.results:
-                    aliased[r] = read
+            if read:
+                node = self.program.nodes[ins.node]
+                for r, positions in zip(ins.results, node.op.aliased_inputs(node)):
+                    shared = set().union(*(aliased.get(ins.args[k], ()) for k in positions if k < len(ins.args)))
+                    if shared:
+                        aliased[r] = shared
         return params, aliased, last_read
 
     def updates_in_place(self, updates: Sequence[int]) -> Dict[int, int]:

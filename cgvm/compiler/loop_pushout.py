@@ -1,19 +1,33 @@
 """Push per-step work out of scan loops, where one operation over all steps does the same job.
 
-Two rewrites, both exact up to float summation order:
+Four rewrites, all exact up to float summation order:
 
-- Sequence work. ``matmul(x_t, p)`` of a sequence slice and a non-sequence does not need the
-  loop: one ``matmul(X, p)`` over the stacked sequence runs before it (one large GEMM instead of
-  T small ones) and the body reads the product as a new sequence. Elementwise work on such
-  values goes out with it (BPTT's ``1 - tanh²`` of the stacked forward outputs, say).
+- Sequence work. Work that reads no carry -- sequence slices, loop-invariant values and what is
+  computed from them alone -- does not need the loop: ``matmul(x_t, p)`` becomes one
+  ``matmul(X, p)`` over the stacked sequence before it (one large GEMM instead of T small ones),
+  and the body reads the product as a new sequence. Elementwise work goes out with it (BPTT's
+  ``1 - tanh²`` of the stacked forward outputs), and so does every op that says how it runs
+  over a leading axis of steps (``@op.over_steps``: matmul, expand_dims, squeeze, softmax and
+  its gradient, sum_to_like, ...): BPTT's ``softmax_grad(gy_t, y_t) @ Wᵀ`` of an Elman RNN.
 - Accumulators. A carry that only sums a per-step term, ``c_t = c_{t-1} + term_t``, with
   ``term_t = matmul(transpose(a_t), b_t)`` (the weight gradients of backpropagation through
-  time, also when autodiff wrapped them in ``sum_to_like(·, p)``) or a reducing
-  ``sum_to_like(v_t, p)`` (bias gradients), stops being a carry: the loop stacks ``a_t, b_t``
-  (``v_t``) as per-step outputs (a factor that is a sequence slice is read from the sequence),
-  and after it ``c_T = c_0 + Aᵀ B`` with A, B flattened to (T·N, ·): one GEMM instead of T
-  GEMMs and T additions. Steps a loop does not run (``truncate``, ``until``) leave zero rows in
-  the stacks, which add nothing.
+  time, also when autodiff wrapped them in ``sum_to_like(·, p)``) or ``sum_to_like(v_t, p)``
+  (bias gradients), stops being a carry: the loop stacks ``a_t, b_t`` (``v_t``) as per-step
+  outputs (a factor that is a sequence slice is read from the sequence), and after it
+  ``c_T = c_0 + Aᵀ B`` with A, B flattened to (T·N, ·): one GEMM instead of T GEMMs and T
+  additions. Steps a loop does not run (``truncate``, ``until``) leave zero rows in the stacks,
+  which add nothing. A sum started from zeros (a gradient's) is the product itself, broadcast
+  to the zeros' shape: no zeros made and added (and the SGD step on it becomes one GEMM adding
+  into the weight: cgvm.compiler.simplify, cgvm.compiler.accumulate).
+- Per-step outputs. A per-step output computed from stacked values alone -- stacked carries,
+  other per-step outputs, sequences -- and loop invariants is computed after the loop over the
+  stacks (an Elman RNN's ``softmax(h_t W + b)`` over all the stacked h_t; BPTT's ``dz_t Wᵀ``
+  of the stacked dz_t), and a per-step output that is a sequence slice is that sequence; not
+  where steps may not run (``truncate``, ``until``: their zero rows would not read as zero outputs).
+- Unread inputs. Non-sequences (and, where the step count is given, sequences) the body no
+  longer reads leave the loop, and what computed them need not run (a transposed copy made for
+  a GEMM that went out). Work moved out reads a transposed operand as the view it is: one
+  product over all steps runs as fast on it as on a copy.
 
 Each rewrite keeps the scan's outputs in place, so the rest of the graph is untouched. Work
 that only gives another node its shape stays in the body, where per-signature specialization
@@ -29,24 +43,38 @@ from ..ops import linalg, reduce, scan_plumbing
 from ..ops import elementwise as ew
 from ..ops import shape as shp
 from ..ops.registry import BROADCAST, ELEMWISE
+from ..ops.rules import axes_over_steps
 from .rewrite import rewrite
 
 
 # --------------------------------------------------------------------------- sequence work
 
-def _per_step_elementwise(n: Node, seqlike: Dict[int, Value], invariant: Dict[int, Value]) -> bool:
-    """An elementwise node over per-step values of one shape and loop-invariant operands that broadcast."""
-    if n.op.pattern not in (ELEMWISE, BROADCAST) or n.op.stateful or len(n.outputs) != 1:
-        return False
-    out = n.outputs[0]
-    steps = [v for v in n.inputs if id(v) in seqlike]
-    return bool(steps) and all(tuple(v.shape) == tuple(out.shape) for v in steps) and all(
-        id(v) in seqlike or ((v.kind == CONST or id(v) in invariant) and v.ndim <= out.ndim) for v in n.inputs)
+def _attrs_over_steps(n: Node, stepped_ids: Dict[int, Value], invariant: Dict[int, Value]) -> Optional[dict]:
+    """The attributes with which ``n`` computes every step at once, its per-step operands (ids in
+    ``stepped_ids``) stacked along a new leading axis and the others loop-invariant; None if it cannot.
+    Elementwise ops broadcast invariant operands of no higher rank; other ops say (``@op.over_steps``)."""
+    if n.op.stateful or len(n.outputs) != 1:
+        return None
+    stepped = [id(v) in stepped_ids for v in n.inputs]
+    if not any(stepped) or not all(s or v.kind == CONST or id(v) in invariant for v, s in zip(n.inputs, stepped)):
+        return None
+    if n.op.pattern in (ELEMWISE, BROADCAST):
+        out = n.outputs[0]
+        ok = all(tuple(v.shape) == tuple(out.shape) if s else v.ndim <= out.ndim for v, s in zip(n.inputs, stepped))
+        return dict(n.attrs) if ok else None
+    return n.op.attrs_over_steps(n, stepped)
+
+
+def _outside(v: Value) -> Value:
+    """A loop-invariant operand as work moved out of the loop reads it: one product over all steps
+    reads a transposed view as fast as the contiguous copy hoisting made for the body's GEMMs."""
+    return v.node.inputs[0] if v.node is not None and v.node.op is shp.contiguous else v
 
 
 def _push_sequence_work(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
     """Rebuild ``node`` with the body's per-step work that reads no carry done over all steps first:
-    matmul(sequence slice, non-sequence) and elementwise nodes over such values."""
+    matmul(sequence slice, non-sequence), elementwise nodes and every op that says how it runs over
+    steps (``@op.over_steps``), over such values."""
     a = node.attrs
     body: Graph = a["body"]
     S, C = a["n_seqs"], a["n_carry"]
@@ -54,29 +82,30 @@ def _push_sequence_work(node: Node, inputs: List[Value]) -> Optional[List[Value]
     invariant = {id(v): o for v, o in zip(body.inputs[S + C:], inputs[S + C:])}
 
     def outer(v: Value) -> Value:
-        return v if v.kind == CONST else seqlike.get(id(v)) or invariant[id(v)]
+        return v if v.kind == CONST else seqlike.get(id(v)) or _outside(invariant[id(v)])
 
     pushed: List[Node] = []
+    over: Dict[int, dict] = {}
     for n in body.nodes:
-        if n.op.name == "matmul":   # the pattern: a per-step product with a loop-invariant matrix
-            x, p = n.inputs
-            if not (id(x) in seqlike and x.ndim == 2 and p.ndim == 2 and (p.kind == CONST or id(p) in invariant)):
-                continue
-        elif not _per_step_elementwise(n, seqlike, invariant):
+        attrs = _attrs_over_steps(n, seqlike, invariant)
+        if attrs is None:
             continue
         seqlike[id(n.outputs[0])] = n.outputs[0]   # a candidate; built below if its value is needed
+        over[id(n)] = attrs
         pushed.append(n)
     # only work whose value is read goes out: a product that only gives a gradient its shape (the
-    # "like" operand of sum_to_like) stays in the body, where specialization removes it
+    # "like" operand of sum_to_like) stays in the body, where specialization removes it -- unless the
+    # reader goes out too (outside, a "like" operand must exist; specialization drops it there alike)
+    candidate = {id(n) for n in pushed}
     wanted = {id(v) for v in body.outputs}
     for n in reversed(body.nodes):
         if any(id(o) in wanted for o in n.outputs):
-            wanted.update(id(v) for k, v in enumerate(n.inputs) if not n.op.reads_only_shape(k))
+            wanted.update(id(v) for k, v in enumerate(n.inputs) if id(n) in candidate or not n.op.reads_only_shape(k))
     pushed = [n for n in pushed if id(n.outputs[0]) in wanted]
     if not pushed:
         return None
     for n in pushed:
-        seqlike[id(n.outputs[0])] = clone_node(n, [outer(v) for v in n.inputs])[0]
+        seqlike[id(n.outputs[0])] = clone_node(n, [outer(v) for v in n.inputs], over[id(n)])[0]
     # the pushed values that the rest of the body (or its outputs) still reads become new sequences
     done = {id(n) for n in pushed}
     read = {id(v) for n in body.nodes if id(n) not in done for v in n.inputs} | {id(v) for v in body.outputs}
@@ -117,7 +146,7 @@ class _Term(NamedTuple):
 def _term_factors(term: Value, invariant: Dict[int, Value]) -> Optional[_Term]:
     """The summable form of a per-step term: matmul(transpose(a), b), optionally inside
     sum_to_like(·, p) with p loop-invariant (how autodiff reduces to a broadcast operand's shape),
-    or sum_to_like(v, p) that really reduces (p has fewer axes than v: bias gradients)."""
+    sum_to_like(v, p) (bias gradients), or a plain vector v."""
     like = None
     n = term.node
     # the patterns, as autodiff writes a loop body's weight gradients (see the docstring)
@@ -133,13 +162,29 @@ def _term_factors(term: Value, invariant: Dict[int, Value]) -> Optional[_Term]:
             a = t.inputs[0]
             if a.ndim == 2 and b.ndim == 2:
                 return _Term("gram", (a, b), like)
-    if like is not None and like.ndim < term.ndim:
+    # a plain per-step vector (a bias gradient whose shapes autodiff knew agree) sums after the loop
+    # too; a matrix term is left a carry, whose stack of T matrices could be large
+    if (like is None and term.ndim <= 1) or (like is not None and like.ndim <= term.ndim):
         return _Term("sum", (term,), like)
     return None
 
 
-def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
-    """Rebuild ``node`` with summing carries turned into stacked factors and one product after the loop."""
+def _started_from(init: Value, total: Value) -> Value:
+    """``init + total``; a sum started from zeros (a gradient's) is the total itself, broadcast to the
+    zeros' shape (per-signature specialization finds that an identity): no zeros made and added."""
+    n = init.node
+    if n is None or n.op.fill != 0.0 or init.dtype is not total.dtype or init.ndim < total.ndim:
+        return ew.add(init, total)
+    if tuple(init.shape) == tuple(total.shape) and None not in init.shape:
+        return total
+    if len(n.inputs) == 1 and n.op.reads_only_shape(0) and tuple(n.inputs[0].shape) == tuple(init.shape):
+        return shp.broadcast_like(total, n.inputs[0])
+    return ew.add(init, total)
+
+
+def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[Tuple[List[Value], Node]]:
+    """Rebuild ``node`` with summing carries turned into stacked factors and one product after the loop:
+    the values for its outputs, and the new scan node."""
     a = node.attrs
     body: Graph = a["body"]
     S, C = a["n_seqs"], a["n_carry"]
@@ -172,9 +217,16 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
     def stack(f: Value) -> None:
         if all(f is not y for y in new_ys):
             new_ys.append(f)
+    # a summed term that is a sequence slice is summed over the sequence's rows of the steps run
+    # (its first rows: no truncate, no early stop), counted along another stack of the loop
+    others = bool(stacked) or n_ys > 0 or any(
+        kind != "sum" or id(factors[0]) not in seq_inputs for kind, factors, _ in pushed.values())
+    summed_seqs = others and not has_until and a["truncate"] < 0
     for k in sorted(pushed):
         kind, factors, _ = pushed[k]
-        if kind == "gram" and not has_until and id(factors[0]) in seq_inputs and id(factors[1]) not in seq_inputs:
+        if kind == "sum" and summed_seqs and id(factors[0]) in seq_inputs:
+            seq_outer[id(factors[0])] = seq_inputs[id(factors[0])]
+        elif kind == "gram" and not has_until and id(factors[0]) in seq_inputs and id(factors[1]) not in seq_inputs:
             seq_outer[id(factors[0])] = seq_inputs[id(factors[0])]
             stack(factors[1])
         elif kind == "gram" and not has_until and id(factors[1]) in seq_inputs:
@@ -223,12 +275,133 @@ def _push_accumulators(node: Node, inputs: List[Value]) -> Optional[List[Value]]
             flat_a = shp.flatten(A, axis=0, end_axis=1)
             flat_b = shp.flatten(B, axis=0, end_axis=1)
             total = linalg.matmul(shp.transpose(flat_a, perm=(1, 0)), flat_b)
-        else:
+        elif id(factors[0]) in stack_of:
             total = reduce.sum(stack_of[id(factors[0])], axis=(0,))
+        else:   # a sequence, over the steps some stack of this loop counts
+            total = reduce.sum(scan_plumbing.steps_like(seq_outer[id(factors[0])], rest[0]), axis=(0,))
         if like is not None:
             total = reduce.sum_to_like(total, like if like.kind == CONST else invariant[id(like)])
-        mapping.append(ew.add(inits[k], total))
-    return mapping + list(rest[:old_ys_end])
+        mapping.append(_started_from(inits[k], total))
+    return mapping + list(rest[:old_ys_end]), outs[0].node
+
+
+# --------------------------------------------------------------------------- per-step outputs
+
+def _push_step_outputs(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
+    """Rebuild ``node`` with per-step outputs that need no carry but the stacked ones computed after
+    the loop, over the stacks: ``softmax(h_t W + b)`` of an Elman RNN's stacked hidden state, BPTT's
+    ``dz_t Wᵀ`` of a stacked ``dz_t``."""
+    a = node.attrs
+    if a["has_until"] or a["truncate"] >= 0:
+        return None   # unrun steps leave zero rows in the stacks, which would not read as zero outputs
+    body: Graph = a["body"]
+    S, C = a["n_seqs"], a["n_carry"]
+    stacked = list(range(C)) if a["stacked"] is None else list(a["stacked"])
+    n_ys = len(body.outputs) - C
+    invariant = {id(v): o for v, o in zip(body.inputs[S + C:], inputs[S + C:])}
+    # body values whose every step is at hand after the loop: stacked carries, per-step outputs and
+    # sequences, unless a backwards loop stacks in iteration order (row t read sequence row T - 1 - t)
+    seqs = [] if a["go_backwards"] and not a["seq_order"] else list(body.inputs[:S])
+    after: Dict[int, Value] = {id(v): v for v in seqs}
+    after.update((id(body.outputs[k]), body.outputs[k]) for k in stacked)
+    after.update((id(v), v) for v in body.outputs[C:])
+    # a value whose expand_dims is stacked is at hand too, squeezed back out of the stack (BPTT
+    # stacks dz_t as a row for a gram product; dz_t Wxᵀ then reads it)
+    unstacked: Dict[int, Tuple[Value, tuple]] = {}
+    for v in body.outputs[C:]:
+        n = v.node
+        if n is not None and n.op is shp.expand_dims and n.inputs[0].node is not None and id(n.inputs[0]) not in after:
+            unstacked[id(n.inputs[0])] = (v, tuple(n.attrs["axis"]))
+            after[id(n.inputs[0])] = n.inputs[0]
+    over: Dict[int, dict] = {}
+    providers = {id(y.node) for y, _ in unstacked.values()}   # those stay: their stacks are read
+    for n in body.nodes:
+        attrs = _attrs_over_steps(n, after, invariant) if id(n) not in providers else None
+        if attrs is not None:
+            over[id(n)] = attrs
+            after[id(n.outputs[0])] = n.outputs[0]
+    # a node goes out only if nothing left in the body reads it (not a staying node, not a carry),
+    # and what it reads is at hand after the loop (no value of a staying node but a stacked one)
+    carries = {id(v) for v in body.outputs[:C]}
+    given = {id(v) for v in seqs} | {id(body.outputs[k]) for k in stacked} | \
+        {id(v) for v in body.outputs[C:]} | set(unstacked)
+    uses = body.consumers()
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(body.nodes):
+            if id(n) in over and (id(n.outputs[0]) in carries or
+                                  any(id(u) not in over for u in uses.get(id(n.outputs[0]), ()))):
+                del over[id(n)]
+                changed = True
+        for n in body.nodes:
+            if id(n) in over and any(v.node is not None and id(v) not in given and id(v.node) not in over
+                                     for v in n.inputs):
+                del over[id(n)]
+                changed = True
+    # a per-step output that is a sequence slice is that sequence (a copy per step saved)
+    seq_ids = {id(v) for v in seqs}
+    moved_ys = [j for j, v in enumerate(body.outputs[C:])
+                if (v.node is not None and id(v.node) in over) or id(v) in seq_ids]
+    if not moved_ys:
+        return None
+    keep_ys = [j for j in range(n_ys) if j not in moved_ys]
+    new_body = Graph(list(body.inputs), list(body.outputs[:C]) + [body.outputs[C + j] for j in keep_ys],
+                     name=body.name)
+    outs = clone_node(node, inputs, dict(a, body=new_body))
+    n_st = len(stacked)
+    finals, stacks, ys = outs[:C], outs[C:C + n_st], outs[C + n_st:]
+    outer: Dict[int, Value] = {id(body.outputs[k]): st for k, st in zip(stacked, stacks)}
+    outer.update((id(body.outputs[C + j]), y) for j, y in zip(keep_ys, ys))
+    ref = (list(stacks) + list(ys) + [None])[0]   # a stack with a row per step run
+    if ref is None and any(id(v) in seq_ids for v in body.outputs[C:]):
+        return None
+    if ref is not None:
+        for k, v in enumerate(seqs):   # a sequence may be longer than the steps run
+            outer[id(v)] = scan_plumbing.steps_like(inputs[k], ref)
+
+    def value(v: Value) -> Optional[Value]:
+        if v.kind == CONST or id(v) in outer:
+            return outer.get(id(v), v)
+        if id(v) in unstacked:
+            y, axis = unstacked[id(v)]
+            if id(y) not in outer:   # that stack itself moved out
+                return None
+            outer[id(v)] = shp.squeeze(outer[id(y)], axis=axes_over_steps(axis))
+            return outer[id(v)]
+        got = invariant.get(id(v))
+        return None if got is None else _outside(got)
+    for n in body.nodes:
+        if id(n) in over:
+            ins = [value(v) for v in n.inputs]
+            if any(v is None for v in ins):
+                return None
+            outer[id(n.outputs[0])] = clone_node(n, ins, over[id(n)])[0]
+    it = iter(ys)
+    new_ys = [outer[id(body.outputs[C + j])] if j in moved_ys else next(it) for j in range(n_ys)]
+    return list(finals) + list(stacks) + new_ys
+
+
+# --------------------------------------------------------------------------- unread inputs
+
+def _drop_unread_inputs(node: Node, inputs: List[Value]) -> Optional[List[Value]]:
+    """Rebuild ``node`` without the non-sequences (and, where the step count is given, sequences)
+    its body no longer reads once work went out: what computed them (a transposed copy made for
+    the body's GEMM) need not run."""
+    a = node.attrs
+    body: Graph = a["body"]
+    S, C = a["n_seqs"], a["n_carry"]
+    read = {id(v) for n in body.nodes for k, v in enumerate(n.inputs)} | {id(v) for v in body.outputs}
+    steps_given = a["dyn_steps"] or a["n_steps"] is not None
+    drop = [k for k, v in enumerate(body.inputs)
+            if id(v) not in read and (k >= S + C or (k < S and steps_given))]
+    if not drop:
+        return None
+    keep = [k for k in range(len(body.inputs)) if k not in drop]
+    new_body = Graph([body.inputs[k] for k in keep], list(body.outputs), name=body.name)
+    tail = list(inputs[len(body.inputs):])   # the step count, when dynamic
+    attrs = dict(a, body=new_body, n_seqs=S - sum(1 for k in drop if k < S))
+    return list(clone_node(node, [inputs[k] for k in keep] + tail, attrs))
 
 
 def push_out_loop_work(graph: Graph) -> Graph:
@@ -240,6 +413,18 @@ def push_out_loop_work(graph: Graph) -> Graph:
         if repl is not None:
             node, inputs = repl[0].node, list(repl[0].node.inputs)
         again = _push_accumulators(node, inputs)
-        return again if again is not None else repl
+        if again is not None:
+            repl, node = again
+            inputs = list(node.inputs)
+        for step in (_push_step_outputs, _drop_unread_inputs):
+            after = step(node, inputs)
+            if after is not None:
+                # what was built on the scan's outputs (the accumulators' products) reads the new scan's
+                repl = after if repl is None else rebuild(repl, {id(o): v for o, v in zip(node.outputs, after)})
+                scans = [v.node for v in after if v.node is not None and v.node.op is node.op]
+                if not scans:
+                    break
+                node, inputs = scans[0], list(scans[0].inputs)
+        return repl
 
     return rewrite(graph, rule)

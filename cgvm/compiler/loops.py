@@ -3,7 +3,8 @@
 - hoist_loop_invariants: work in a body that reads only non-sequences runs once, outside;
   the value enters the body as a new non-sequence. A hoisted transpose that a GEMM in the body
   reads enters as a contiguous copy: the copy is made once, and every step's GEMM runs on a
-  plain matrix (the backward step of an RNN, ``g @ U^T``, took 20 us instead of 8-12).
+  plain matrix (the backward step of an RNN, ``g @ U^T``, took 20 us instead of 8-12) -- unless
+  the GEMM multiplies it by one vector (one sentence's ``dz_t @ U^T``), which costs the same either way.
 - prune_loop_outputs: per-step outputs nobody reads are dropped from the body (so the work
   behind them goes too), and carries whose stacked history nobody reads are not stacked. The
   last row of a carry's stack (``all_pos[-1]``, an HMC sampler's final position) is read from the
@@ -60,12 +61,24 @@ def _hoist_scan(node, inputs):
     new_body = Graph(list(body.inputs) + new_inputs, new_outs, name=body.name)
     attrs = dict(a)
     attrs["body"] = new_body
-    gemm_read = {id(v) for n in body.nodes if n.op.runs_gemm and n not in invariant for v in n.inputs}
+    gemm_read = {id(v) for n in body.nodes if n.op.runs_gemm and n not in invariant
+                 for k, v in enumerate(n.inputs) if not _times_a_vector(n, k)}
     # a transpose is the strided view a hoisted GEMM operand usually is (autodiff's x.T): copied
     # contiguous once outside the loop rather than strided on every step
     entering = [contiguous(outer[id(v)]) if id(v) in gemm_read and v.node is not None
                 and v.node.op.name == "transpose" else outer[id(v)] for v in needed]
     return clone_node(node, list(inputs[:S + C + len(outer_nonseq)]) + entering + list(tail), attrs)
+
+
+def _times_a_vector(n, k: int) -> bool:
+    """Whether operand k of GEMM node n multiplies a single row or column: BLAS then streams a
+    strided matrix as fast as a contiguous one (200x200: 6.4 us either way, the copy 16 us)."""
+    if n.op.name != "matmul" or len(n.inputs) != 2:   # the one product whose operands' roles are plain
+        return False
+    other = n.inputs[1 - k]
+    if other.ndim == 1:
+        return True
+    return (other.shape[-2] if k == 1 else other.shape[-1]) == 1 and other.ndim == 2
 
 
 def hoist_loop_invariants(graph: Graph) -> Graph:

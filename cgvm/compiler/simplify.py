@@ -19,6 +19,10 @@ Two walks over the graph (``rewrite``), each rule looking at a node and its rewr
      ``categorical_crossentropy(softmax x, t)`` -> -sum(t log_softmax(x));
      ``where(c, a, 0) * y`` and ``where(c, a, 0) / y`` -> ``where(c, a * y, 0)`` (Theano's switch
      sinking: NaN-free gradients of ``switch(x > 0, sqrt(x), 0)``).
+   * updates: ``c ± [s *] broadcast_like(p, c)`` -> ``c ± [s *] p`` (the add broadcasts p itself;
+     a loop's summed gradient, whose SGD step then becomes one gemm_accumulate), and
+     ``c ± [s *] take_grad(g, c, i)`` -> ``take_add(c, ±[s *] g, i)`` (an embedding's SGD step
+     adds to the rows it read, not a zero matrix the size of c to all of it).
 2. Rules that consume a node's only reader (use counts taken at the start of the walk):
    * ``-sum/mean(onehot(labels) * log_softmax(x))`` over every axis -> ``softmax_cross_entropy``
      (normalization NONE, FULL or BATCH_SIZE as the reductions say). Labels outside the class
@@ -38,6 +42,7 @@ import numpy as np
 
 from ..ir.graph import CONST, NODE, Graph, Node, Value, source_scope
 from ..ops import elementwise as ew
+from ..ops import indexing
 from ..ops import loss as ls
 from ..ops import nn
 from ..ops import reduce as red
@@ -126,11 +131,59 @@ def _sink_where(node, inputs, positions):
 
 
 def _add(node, inputs):
-    return _identity_operand(node, inputs, 0.0, (0, 1))
+    x = _identity_operand(node, inputs, 0.0, (0, 1))
+    return x if x is not None else _update_against(node, inputs, (0, 1))
+
+
+def _scaled(t: Value):
+    """``t`` as ``(s, inner, mul node)`` when it is ``s * inner`` with s a scalar, else ``(None, t, None)``."""
+    m = producer(t, "mul")
+    if m is not None:
+        for k in (0, 1):
+            if m.inputs[k].ndim == 0 and m.inputs[1 - k].ndim > 0:
+                return m.inputs[k], m.inputs[1 - k], m
+    return None, t, None
+
+
+def _update_against(node, inputs, positions) -> Optional[Value]:
+    """Adding a gradient to the value it is shaped after (an SGD step ``c - s * g``):
+
+    * ``c ± [s *] broadcast_like(p, c)`` -> ``c ± [s *] p``: adding to c broadcasts p to c's
+      shape anyway. A loop's summed gradient arrives so (cgvm.compiler.loop_pushout), and its SGD
+      step then becomes one GEMM adding into c (cgvm.compiler.accumulate).
+    * ``c ± [s *] take_grad(g, c, i)`` -> ``take_add(c, ±[s *] g, i)``: only the rows the indices
+      name change (an embedding's), not a zero matrix the size of c added to all of it.
+    """
+    out = node.outputs[0]
+    for k in positions:
+        c, t = inputs[1 - k], inputs[k]
+        s, inner, m = _scaled(t)
+        b = producer(inner, "broadcast_like", "take_grad")
+        if b is None or b.inputs[1] is not c:
+            continue
+        p = b.inputs[0]
+        if b.op.name == "take_grad" and (b.attrs["axis"] is None or p.dtype is not c.dtype or out.dtype is not c.dtype):
+            continue
+        if s is not None:
+            p = build(ew.mul, [p, s] if m.inputs[1] is s else [s, p], {}, m)
+        if b.op.name == "broadcast_like":
+            args = list(inputs)
+            args[k] = p
+            new = build(node.op, args, dict(node.attrs), node)
+        else:
+            if node.op.name == "sub":
+                p = build(ew.neg, [p], {}, node)
+            new = build(indexing.take_add, [c, p, b.inputs[2]], {"axis": b.attrs["axis"]}, node)
+        if new.type == out.type:
+            return new
+    return None
 
 
 def _sub(node, inputs):
     x = _identity_operand(node, inputs, 0.0, (1,))
+    if x is not None:
+        return x
+    x = _update_against(node, inputs, (1,))
     if x is not None:
         return x
     e = producer(inputs[0], "exp")

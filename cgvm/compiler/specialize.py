@@ -127,17 +127,19 @@ def _fold_shape_constants(program: Program, calls: List[Instr], types: Sequence[
             at[r] = i
     if not folded:
         return folded
+    # readers that stay instructions and would pass a constant's memory on: a view's result is its
+    # input 0's memory (the others, a reshape's target shape, say, are only read)
     view_read: Set[int] = set()
-    for i, ins in enumerate(calls):   # readers that stay instructions and would pass a constant's memory on
+    for i, ins in enumerate(calls):
         if program.nodes[ins.node].op.view and not all(r in folded for r in ins.results):
-            view_read.update(ins.args)
+            view_read.update(ins.args[:1])
     for r in sorted(folded, key=lambda r: -at[r]):   # readers after writers: undo from the last one back
         if r in view_read:
             ins = calls[at[r]]
             for x in ins.results:
                 folded.pop(x, None)
             if program.nodes[ins.node].op.view:
-                view_read.update(ins.args)
+                view_read.update(ins.args[:1])
     return folded
 
 

@@ -90,10 +90,13 @@ def rebuild(outputs: Sequence[Value], replace: Mapping[int, Value]) -> list:
 
     memo: dict = dict(replace)
     for node in toposort(outputs):
+        if all(id(o) in replace for o in node.outputs):
+            continue   # a replaced value stays replaced, even where what computed it is rebuilt
         new_inputs = [memo.get(id(v), v) for v in node.inputs]
         if all(a is b for a, b in zip(new_inputs, node.inputs)):
             continue
         new_outs = clone_node(node, new_inputs)
         for old, new in zip(node.outputs, new_outs):
-            memo[id(old)] = new
+            if id(old) not in replace:
+                memo[id(old)] = new
     return [memo.get(id(v), v) for v in outputs]

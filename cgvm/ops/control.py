@@ -104,6 +104,14 @@ scan = defop("scan", num_inputs=(0, None), num_outputs=_scan_outputs, pattern=OP
                     "stacked": Ints(None), "seq_order": Bool(False)})
 
 
+@scan.may_alias
+def _(node):
+    # a final carry may be any input (no step ran: the initial carry; a body returning a non-sequence
+    # or a sequence's row); the stacks are the loop's own arrays, which the loop fills with copies
+    every = tuple(range(len(node.inputs)))
+    return [every] * node.attrs["n_carry"] + [()] * (len(node.outputs) - node.attrs["n_carry"])
+
+
 #: a loop of at least this many steps reads its GEMM operands from cache-line aligned copies: the
 #: copy of a weight matrix costs about what a few steps' products gain (a sentence of an rnnslu
 #: tutorial, 6-17 steps, paid more for copying its 350x200 weights than its products won)

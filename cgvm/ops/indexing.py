@@ -270,6 +270,36 @@ def _(node, gg):
     return [take(gg, node.inputs[2], axis=node.attrs["axis"]), None, None]
 
 
+def _take_add_infer(types, axis):
+    x, g, idx = types
+    _require_int(idx, "take_add: indices")
+    if g.dtype is not x.dtype:
+        raise DTypeError(f"take_add: values {g!r} and x {x!r} differ in dtype")
+    return x
+
+
+take_add = defop("take_add", num_inputs=3, pattern=OPAQUE, inplace=((0, 0),), attrs={"axis": Int(0)},
+                 infer=_take_add_infer,
+                 doc="A copy of x with g scatter-added at the indices along axis (repeats accumulate): "
+                     "x + take_grad(g, x, indices) without the zeros, an SGD step on the embedding rows "
+                     "a sentence read (which may overwrite x's own array).")
+
+
+@take_add.kernel
+def _(xp, x, g, indices, *, axis, out=None):
+    if out is None:
+        out = x.copy()
+    elif out is not x:
+        out[...] = x
+    scatter_add(xp, out, (_py_slice(None),) * (axis % x.ndim) + (indices,), g)
+    return out
+
+
+@take_add.grad
+def _(node, gout):
+    return [gout, take(gout, node.inputs[2], axis=node.attrs["axis"]), None]
+
+
 def _advanced_infer(types):
     x, indices = types[0], types[1:]
     for i, t in enumerate(indices):

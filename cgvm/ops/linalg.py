@@ -84,11 +84,28 @@ def _(node, g):
     ga, gb = matmul(g2, shp.swap_last_axes(b2)), matmul(shp.swap_last_axes(a2), g2)
     if a2.ndim > 2 or b2.ndim > 2:   # batch axes may have broadcast; matrices' products have their shapes
         ga, gb = _sum_to(ga, a2), _sum_to(gb, b2)
+    # a vector times a matrix: its gradient is the vector times the transpose, as is (no row made
+    # and squeezed again; over a loop's steps, one matrix product of the stacked vectors)
     if a.ndim == 1:
-        ga = shp.squeeze(ga, axis=0)
+        ga = matmul(g, shp.transpose(b, perm=(1, 0))) if b.ndim == 2 else shp.squeeze(ga, axis=0)
     if b.ndim == 1:
-        gb = shp.squeeze(gb, axis=-1)
+        gb = matmul(shp.transpose(a, perm=(1, 0)), g) if a.ndim == 2 else shp.squeeze(gb, axis=-1)
     return [ga, gb]
+
+
+@matmul.over_steps
+def _(node, stepped):
+    # a leading axis of steps must become a batch axis of the product, never its rows: a stepped
+    # vector times a matrix is a matrix product of the stacked rows; otherwise the stepped operand
+    # must have at least the other's rank, so that the new axis leads the broadcast batch axes
+    (a, b), (sa, sb) = node.inputs, stepped
+    if sa and not sb:
+        ok = b.ndim == 2 if a.ndim == 1 else 2 <= b.ndim <= a.ndim
+    elif sb and not sa:
+        ok = b.ndim >= 2 and a.ndim <= b.ndim
+    else:
+        ok = sa and sb and a.ndim == b.ndim >= 2
+    return {} if ok else None
 
 
 # --------------------------------------------------------------------------- gemm

@@ -392,6 +392,13 @@ sum_to_like = defop("sum_to_like", num_inputs=2, infer=_sum_to_like_infer, shape
 sum_to_like.identity_when(same_type_as_input)
 
 
+@sum_to_like.over_steps
+def _(node, stepped):
+    # both stepped and of one rank: the step axes pair up and are never summed
+    g, x = node.inputs
+    return {} if all(stepped) and g.ndim == x.ndim else None
+
+
 @sum_to_like.kernel
 def _(xp, g, x, out=None):
     # sum_to_like is not a view op: without `out` it must hand back a fresh array, never g itself,

@@ -26,6 +26,12 @@ and never tests its name:
                            runs inside a fused elementwise chain (ops with ``ufunc=`` need none)
     @op.epilogue_into(F, bias_after=add)  fn(node, act) -> attributes of the fused op F that
                            computes this op's result (+ the bias add) + activation ``act``, or None
+    @op.may_alias          fn(node) -> per output, the input positions whose memory it may share
+                           (default: every input, for views and ops that hand back arrays of their
+                           own choosing; none otherwise)
+    @op.over_steps         fn(node, stepped) -> attributes with which the op computes every step of a
+                           loop at once when the inputs flagged in ``stepped`` gain a leading axis of
+                           steps (the others loop-invariant), or None (loop push-out)
 
 Calling an OpDef builds a node: ``relu(x, negative_slope=0.1)``.
 """
@@ -52,6 +58,7 @@ ScratchFn = Callable[..., Union[int, Sequence[int]]]
 IdentityFn = Callable[[Sequence[Any], Any], bool]         # (input types, output type) -> bool
 LoweringFn = Callable[[Any], Optional[List[Tuple[str, tuple]]]]   # node -> ufunc steps or None
 EpilogueAttrsFn = Callable[[Any, str], Optional[Dict[str, Any]]]  # (node, activation) -> attrs or None
+OverStepsFn = Callable[[Any, Tuple[bool, ...]], Optional[Dict[str, Any]]]  # (node, stepped) -> attrs or None
 
 
 class Epilogue(NamedTuple):
@@ -96,6 +103,8 @@ class OpDef(OpSchema):
         self._identity_when: Optional[IdentityFn] = None
         self._lowering: Optional[LoweringFn] = None
         self.epilogue: Optional[Epilogue] = None   # set by @op.epilogue_into
+        self._over_steps: Optional[OverStepsFn] = None
+        self._may_alias: Optional[Callable[[Any], Sequence[Sequence[int]]]] = None
         self._kernel: Optional[KernelFn] = None
         self._factory: Optional[Callable[..., KernelFn]] = None
         self._grad: Optional[GradFn] = None
@@ -160,7 +169,32 @@ class OpDef(OpSchema):
             return fn
         return deco
 
+    def over_steps(self, fn: OverStepsFn) -> OverStepsFn:
+        """``fn(node, stepped) -> attrs | None``: the attributes with which this op, given every step's
+        value of the inputs flagged in ``stepped`` stacked along a new leading axis (the other inputs
+        unchanged, loop-invariant), computes every step's result stacked the same way; None where it
+        cannot for this node. Loop push-out moves such work out of scan bodies."""
+        self._over_steps = fn
+        return fn
+
+    def may_alias(self, fn: Callable[[Any], Sequence[Sequence[int]]]) -> Callable[[Any], Sequence[Sequence[int]]]:
+        """``fn(node) -> [input positions, per output]``: which inputs' memory each result may share,
+        for an op that is a view or writes no ``out`` but knows better than "any of them"."""
+        self._may_alias = fn
+        return fn
+
     # -- facts passes ask --------------------------------------------------------
+    def aliased_inputs(self, node: Any) -> List[Tuple[int, ...]]:
+        """Per output of ``node``, the input positions whose memory it may share."""
+        if self._may_alias is not None:
+            return [tuple(p) for p in self._may_alias(node)]
+        every = tuple(range(len(node.inputs))) if self.view or not self.writes_out else ()
+        return [every] * len(node.outputs)
+
+    def attrs_over_steps(self, node: Any, stepped: Sequence[bool]) -> Optional[Dict[str, Any]]:
+        """The node's attributes for computing all steps at once (see ``over_steps``), or None."""
+        return None if self._over_steps is None else self._over_steps(node, tuple(stepped))
+
     def reads_only_shape(self, position: int) -> bool:
         """Whether input ``position`` is read for its shape and dtype alone: passes may hand the op
         any value of that type there, and need not compute one for it."""

@@ -87,3 +87,25 @@ def assign_out(xp, out, value):
 def dims_agree(a: Dim, b: Dim) -> bool:
     """Two dimensions can be equal (either is unknown, or both are the same)."""
     return a is None or b is None or a == b
+
+
+def axes_over_steps(axis, stepped=None):
+    """Axis attributes (an int, a tuple of ints) for the same op over values with a new leading
+    axis of loop steps: axes counted from the front move one on, those counted from the end stay;
+    None (all axes) has no such form."""
+    if axis is None:
+        return None
+    if isinstance(axis, int):
+        return axis + 1 if axis >= 0 else axis
+    return tuple(a + 1 if a >= 0 else a for a in axis)
+
+
+def over_steps_along(attr: str):
+    """An ``@op.over_steps`` rule for an op that works along attribute ``attr`` (axes), every input
+    stepped: the same op with the axes moved past the step axis."""
+    def rule(node, stepped):
+        if not all(stepped) or len({v.ndim for v in node.inputs}) != 1:
+            return None
+        axis = axes_over_steps(node.attrs[attr])
+        return None if axis is None else dict(node.attrs, **{attr: axis})
+    return rule

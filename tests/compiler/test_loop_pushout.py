@@ -186,3 +186,104 @@ def test_products_of_two_sequences_cover_only_the_steps_that_ran(go_backwards, l
     order = [steps - 1 - t for t in range(ran)] if go_backwards else list(range(ran))
     want = sum(x[i].T @ y[i] for i in order)
     np.testing.assert_allclose(pushed(x, y, np.zeros((I, H), np.float32)), want, rtol=1e-5, atol=1e-5)
+
+
+def _elman(steps=None):
+    """One sentence through an Elman RNN (vectors per step, as the rnnslu tutorial):
+    h_t = sigmoid(x_t Wx + h_{t-1} Wh + bh), y_t = softmax(h_t W + b) as a (1, classes) row;
+    cost = -sum_t log y_t[label_t]; its gradients wrt every parameter."""
+    from cgvm.ops import nn as N
+    from cgvm.ops import shape as S
+    from cgvm.ops import indexing as IX
+    n_in, n_h, n_c = 4, 5, 3
+    xt, hp = input_value(TensorType((n_in,), "float64"), "xt"), input_value(TensorType((n_h,), "float64"), "h")
+    wx, wh, bh, w, b = (input_value(TensorType(s, "float64"), k) for s, k in
+                        (((n_in, n_h), "wx"), ((n_h, n_h), "wh"), ((n_h,), "bh"), ((n_h, n_c), "w"), ((n_c,), "b")))
+    ht = E.sigmoid(E.add(E.add(L.matmul(xt, wx), L.matmul(hp, wh)), bh))
+    yt = N.softmax(S.expand_dims(E.add(L.matmul(ht, w), b), axis=0), axis=1)
+    body = Graph([xt, hp, wx, wh, bh, w, b], [ht, yt], name="elman")
+    X = input_value(TensorType((steps, n_in), "float64"), "X")
+    onehot = input_value(TensorType((steps, 1, n_c), "float64"), "onehot")
+    H0, WX, WH, BH, W, Bv = (input_value(v.type, k.upper()) for v, k in
+                             zip((hp, wx, wh, bh, w, b), ("h0", "wx", "wh", "bh", "w", "b")))
+    params = [H0, WX, WH, BH, W, Bv]
+    _, Hs, Ys = C.scan(X, *params, body=body, n_seqs=1, n_carry=1)
+    cost = E.neg(R.sum(E.mul(onehot, E.log(Ys))))
+    return [X, onehot] + params, [cost, Ys] + cgvm.grad(cost, [X] + params)
+
+
+def _elman_data(rng, steps):
+    n_in, n_h, n_c = 4, 5, 3
+    onehot = np.zeros((steps, 1, n_c))
+    onehot[np.arange(steps), 0, rng.integers(0, n_c, steps)] = 1
+    return [rng.standard_normal((steps, n_in)), onehot, rng.standard_normal(n_h) * 0.5] + \
+        [rng.standard_normal(s) * 0.5 for s in ((n_in, n_h), (n_h, n_h), (n_h,), (n_h, n_c), (n_c,))]
+
+
+def _numpy_elman(X, onehot, h0, wx, wh, bh, w, b):
+    h, hs, ys = h0, [], []
+    for x in X:
+        h = 1 / (1 + np.exp(-(x @ wx + h @ wh + bh)))
+        z = h @ w + b
+        e = np.exp(z - z.max())
+        hs.append(h)
+        ys.append((e / e.sum())[None])
+    return -float(np.sum(onehot * np.log(np.stack(ys)))), np.stack(ys)
+
+
+def test_an_elman_rnn_computes_its_outputs_and_their_gradients_outside_the_loops():
+    """softmax(h_t W + b) over the stacked h_t after the forward loop; the backward loop keeps only
+    dh_t's recurrence (one product), with softmax_grad(gy_t, y_t) Wᵀ before it and dz_t Wxᵀ after it."""
+    inputs, outputs = _elman()
+    pushed = cgvm.compile(inputs, outputs)
+    plain = cgvm.compile(inputs, outputs, passes=WITHOUT)
+    fwd, bwd = _scans(pushed)
+    fwd_ops = [n.op.name for n in fwd.attrs["body"].nodes]
+    bwd_ops = [n.op.name for n in bwd.attrs["body"].nodes]
+    assert "softmax" not in fwd_ops and fwd_ops.count("matmul") == 1             # h_{t-1} Wh only
+    assert "softmax" not in bwd_ops and "softmax_grad" not in bwd_ops           # the forward's y_t is read
+    assert bwd_ops.count("matmul") - sum(1 for n in bwd.attrs["body"].nodes    # (others only give shapes)
+                                         if n.op.name == "matmul" and _only_shapes(bwd.attrs["body"], n)) == 1
+    assert bwd.attrs["n_carry"] == 1
+    # every input the loops take, their bodies read
+    for s in (fwd, bwd):
+        body = s.attrs["body"]
+        read = {id(v) for n in body.nodes for v in n.inputs} | {id(v) for v in body.outputs}
+        assert all(id(v) in read for v in body.inputs[s.attrs["n_seqs"]:])
+    rng = np.random.default_rng(5)
+    for steps in (6, 1, 3):   # lengths vary from call to call, as sentences do
+        data = _elman_data(rng, steps)
+        got, ref = pushed(*data), plain(*data)
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+        cost, ys = _numpy_elman(*data)
+        np.testing.assert_allclose(got[0], cost, rtol=1e-10)
+        np.testing.assert_allclose(got[1], ys, rtol=1e-10)
+
+
+def _only_shapes(body, node):
+    """Whether the node's result is read for its shape alone (by sum_to_like: specialization drops it)."""
+    out = node.outputs[0]
+    return all(n.op.reads_only_shape(k) for n in body.nodes for k, v in enumerate(n.inputs) if v is out) and \
+        all(v is not out for v in body.outputs)
+
+
+def test_per_step_outputs_of_a_backwards_loop_read_its_stacks_in_its_order():
+    """go_backwards stacks in iteration order: y_t = h_t * w goes after the loop over the stack,
+    and a y_t that needs the sequence (iteration order differs from sequence order) stays."""
+    xt, hp, w = input_value(TensorType((B, H)), "xt"), input_value(TensorType((B, H)), "h"), \
+        input_value(TensorType((H,)), "w")
+    ht = E.tanh(E.add(xt, hp))
+    body = Graph([xt, hp, w], [ht, E.mul(ht, w), E.mul(ht, xt)], name="step")
+    X, H0, W = input_value(TensorType((None, B, H)), "X"), input_value(TensorType((B, H)), "H0"), \
+        input_value(TensorType((H,)), "W")
+    outs = C.scan(X, H0, W, body=body, n_seqs=1, n_carry=1, go_backwards=True)
+    pushed = cgvm.compile([X, H0, W], list(outs))
+    plain = cgvm.compile([X, H0, W], list(outs), passes=WITHOUT)
+    body_ops = [n.op.name for n in _scans(pushed)[0].attrs["body"].nodes]
+    assert body_ops.count("mul") == 1
+    rng = np.random.default_rng(6)
+    data = [rng.standard_normal((5, B, H)).astype(np.float32), rng.standard_normal((B, H)).astype(np.float32),
+            rng.standard_normal(H).astype(np.float32)]
+    for g, r in zip(pushed(*data), plain(*data)):
+        np.testing.assert_allclose(g, r, rtol=1e-6)

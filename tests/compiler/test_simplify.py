@@ -90,6 +90,37 @@ def test_sum_to_like_its_own_static_shape_vanishes():
     check_same(f, bare, randn(4, 3), randn(4, 3), randn(1, 3), randn(4, 3))
 
 
+def test_sgd_on_a_gathered_gradient_adds_to_the_rows_only():
+    """w - lr * take_grad(g, w, i) (an embedding's SGD step) -> take_add(w, -(lr g), i): no zeros the size of w."""
+    w = input_value(TensorType((None, 3)), "w")
+    g = input_value(TensorType((None, 2, 3)), "g")
+    i = input_value(TensorType((None, 2), "int64"), "i")
+    lr = input_value(TensorType(()), "lr")
+    f, bare = pair([w, g, i, lr], [E.sub(w, E.mul(lr, I.take_grad(g, w, i, axis=0))),
+                                   E.add(I.take_grad(g, w, i, axis=0), w)])
+    assert "take_grad" not in ops(f) and ops(f).count("take_add") == 2
+    check_same(f, bare, randn(6, 3), randn(4, 2, 3), np.array([[0, 5], [5, 1], [0, 0], [2, 3]]),
+               np.array(0.3, np.float32))
+    other = input_value(TensorType((None, 3)), "other")    # shaped after another value: left alone
+    f, _ = pair([w, other, g, i], E.sub(other, I.take_grad(g, w, i, axis=0)))
+    assert "take_grad" in ops(f)
+
+
+def test_a_gradient_broadcast_to_the_value_it_updates_is_not_broadcast():
+    """c - lr * broadcast_like(p, c): the subtraction broadcasts p to c's shape itself, and the
+    product then adds into c as one gemm (accumulate)."""
+    from cgvm.ops import linalg as L
+    a, b = input_value(TensorType((None, None)), "a"), input_value(TensorType((None, None)), "b")
+    c = input_value(TensorType((None, None)), "c")
+    lr = input_value(TensorType(()), "lr")
+    y = E.sub(c, E.mul(lr, S.broadcast_like(L.matmul(a, b), c)))
+    f, bare = pair([a, b, c, lr], y)
+    assert "broadcast_like" not in ops(f)
+    assert "gemm_accumulate" in [n.op.name for n in cgvm.compile([a, b, c, lr], y).graph.nodes]
+    check_same(f, bare, randn(4, 5), randn(5, 3), randn(4, 3), np.array(0.1, np.float32))
+    check_same(f, bare, randn(1, 5), randn(5, 3), randn(4, 3), np.array(0.1, np.float32))   # p broadcast into c
+
+
 def test_double_negation_and_log_of_exp():
     x = input_value(TensorType((None,)), "x")
     f, bare = pair([x], E.tanh(E.log(E.exp(E.neg(E.neg(x))))))

@@ -156,6 +156,23 @@ def test_a_folded_value_a_view_or_output_passes_on_stays_computed():
     np.testing.assert_array_equal(b2, np.full((1, 2, 3), 2.0, np.float32))
 
 
+def test_a_reshape_target_made_of_shapes_is_a_constant_of_the_signature():
+    """x.reshape((x.shape[0], 6)): the target vector is computed once per signature; the reshape, a
+    view, reads it only for its values, so it may read one shared array."""
+    from cgvm.ops import indexing as I
+    from cgvm.ops import join as J
+    x = input_value(TensorType((None, 2, 3)), "x")
+    rows = S.squeeze(I.slice(S.shape_of(x), starts=(0,), stops=(1,)), axis=(0,))
+    target = J.stack(rows, as_value(np.array(6, np.int64)), axis=0)
+    out = E.exp(S.reshape_dyn(x, target))
+    before, after = _program(Graph([x], [out]), (4, 2, 3))
+    assert "stack" in _ops(before) and _ops(after) == ["reshape_dyn", "exp"]
+    f = cgvm.compile([x], out)
+    for n in (4, 4, 7):
+        xv = np.random.default_rng(n).standard_normal((n, 2, 3)).astype(np.float32)
+        np.testing.assert_allclose(f(xv), np.exp(xv.reshape(n, 6)), rtol=1e-6)
+
+
 def test_small_constants_are_broadcast_once_to_the_shape_their_readers_want():
     """x - mu with mu a row: per signature mu becomes an array of x's shape (the ufunc's fast path);
     a constant read at two different shapes is left as it is."""

@@ -51,8 +51,9 @@ def test_scan_values(backend, backwards):
     got = f(*vals)
     for g, w in zip(got, rnn_reference(*vals, backwards=backwards)):
         np.testing.assert_allclose(cgvm.get_backend(backend).to_numpy(g), w, rtol=1e-12)
-    # one loop, not unrolled; x_t * w reads no carry, so the push-out pass does it before the loop
-    assert [n.op.name for n in f.graph.nodes] == ["mul", "scan"]
+    # one loop, not unrolled; x_t * w reads no carry, so the push-out pass does it before the loop,
+    # and the per-step output h_t * h_t after it, over the stacked h_t
+    assert [n.op.name for n in f.graph.nodes] == ["mul", "scan", "mul"]
 
 
 @pytest.mark.parametrize("backwards", [False, True])
@@ -274,6 +275,29 @@ def test_a_hoisted_transpose_read_by_a_gemm_enters_the_loop_contiguous():
     np.testing.assert_allclose(f(x, h0, uu), want, rtol=1e-12)
 
 
+def test_a_hoisted_transpose_times_one_vector_enters_the_loop_as_a_view():
+    """h_t @ U^T for one sequence (h_t a vector): no contiguous copy, which would cost more than the
+    strided matrix-vector products it saves."""
+    from cgvm.ops import linalg as L
+    from cgvm.ops import shape as S
+
+    f64 = "float64"
+    xt, h, u = (input_value(TensorType(s, f64), n) for s, n in (((5,), "xt"), ((5,), "h"), ((5, 5), "u")))
+    body = Graph([xt, h, u], [E.tanh(E.add(xt, L.matmul(h, S.transpose(u))))], name="rnn_v")
+    X, H0, U = (input_value(TensorType(s, f64), n) for s, n in (((6, 5), "X"), ((5,), "H0"), ((5, 5), "U")))
+    final, _ = C.scan(X, H0, U, body=body, n_seqs=1, n_carry=1)
+    f = cgvm.compile([X, H0, U], final)
+    scan_node = next(n for n in f.graph.nodes if n.op.name == "scan")
+    assert not any(n.op.name == "transpose" for n in scan_node.attrs["body"].nodes)
+    assert scan_node.inputs[-1].node.op.name == "transpose"
+    rng = np.random.default_rng(3)
+    x, h0, uu = (rng.standard_normal(s) for s in ((6, 5), (5,), (5, 5)))
+    want = h0
+    for t in range(6):
+        want = np.tanh(x[t] + want @ uu.T)
+    np.testing.assert_allclose(f(x, h0, uu), want, rtol=1e-12)
+
+
 def test_loop_invariant_work_is_hoisted():
     xt, hp, w, u = vec("xt"), vec("hp"), vec("w"), vec("u")
     w2 = E.exp(E.mul(w, 2.0))  # reads only a non-sequence: should run once, outside the loop
@@ -348,3 +372,41 @@ def test_gradient_of_a_value_that_is_both_a_carry_and_a_per_step_output():
     h0, w0 = np.array([0.3, -0.2, 0.9]), np.array([0.7, 1.2, -0.4])
     num = numeric_grad(lambda v: float(f(h0, v[0])), [w0.copy()], 0, 1e-6)
     np.testing.assert_allclose(g(h0, w0)[0], num, rtol=1e-6)
+
+
+def test_a_weight_a_loop_reads_is_updated_in_its_own_array():
+    """The loop's stacks are its own arrays (scan's may_alias): an SGD step on a weight the loop
+    read, after the loop, may overwrite the weight's array -- and computes what NumPy does."""
+    from cgvm.ir import param_value
+    from cgvm.ops import linalg as L
+
+    ws = cgvm.Workspace()
+    rng = np.random.default_rng(7)
+    ws["u"] = rng.standard_normal((3, 3)) * 0.5
+    u = param_value("u", TensorType((3, 3), F64))
+    xt, hp, uu = vec("xt"), vec("hp"), input_value(TensorType((3, 3), F64), "uu")
+    body = Graph([xt, hp, uu], [E.tanh(E.add(xt, L.matmul(hp, uu)))], name="rnn_u")
+    X, H0 = input_value(TensorType((None, 3), F64), "X"), vec("H0")
+    _, hs = C.scan(X, H0, u, body=body, n_seqs=1, n_carry=1)
+    cost = R.sum(hs)
+    step = cgvm.compile([X, H0], cost, workspace=ws, updates={u: E.sub(u, E.mul(cgvm.grad(cost, u), 0.1))})
+    x, h0 = rng.standard_normal((5, 3)), rng.standard_normal(3)
+    want = ws["u"].copy()
+    ids = set()
+    for _ in range(4):
+        # the NumPy reference: forward, then BPTT for du
+        h, hs_, prev = h0, [], []
+        for t in range(5):
+            prev.append(h)
+            h = np.tanh(x[t] + h @ want)
+            hs_.append(h)
+        gu, gh = np.zeros((3, 3)), np.zeros(3)
+        for t in reversed(range(5)):
+            gz = (gh + 1.0) * (1 - hs_[t] ** 2)
+            gu += np.outer(prev[t], gz)
+            gh = gz @ want.T
+        want = want - 0.1 * gu
+        step(x, h0)
+        ids.add(id(ws["u"]))
+    np.testing.assert_allclose(ws["u"], want, rtol=1e-12)
+    assert len(ids) == 1   # one array throughout: every update overwrote it

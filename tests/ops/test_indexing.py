@@ -27,6 +27,15 @@ def _assigned(x, index, v):
     return out
 
 
+def _scatter_added(x, idx, g, axis):
+    """x with g added at idx along axis, one index at a time (repeats accumulate)."""
+    out = x.copy()
+    moved, vals = np.moveaxis(out, axis, 0), np.moveaxis(g, axis, 0).reshape((-1,) + np.moveaxis(out, axis, 0).shape[1:])
+    for k, j in enumerate(np.asarray(idx).reshape(-1)):
+        moved[j] += vals[k]
+    return out
+
+
 def replaced(x, index, y):
     out = x.copy()
     out[index] = y
@@ -105,6 +114,11 @@ CASES = [
          lambda a, v, i: _assigned(a, i, v), grad=False),
     Case("advanced_set", lambda x, v, i, j: I.advanced_set(x, v, i, j), [r(3, 4), r(2), ints(0, 2), ints(3, 1)],
          lambda a, v, i, j: _assigned(a, (i, j), v), grad_inputs=[0, 1]),
+    Case("take_add_rows_repeats_accumulate", lambda x, g, i: I.take_add(x, g, i, axis=0),
+         [r(5, 3), r(2, 2, 3), np.array([[1, 4], [1, -1]])], lambda a, g, i: _scatter_added(a, i, g, 0),
+         grad_inputs=[0, 1]),
+    Case("take_add_axis1_dynamic", lambda x, g, i: I.take_add(x, g, i, axis=1), [r(2, 4), r(2, 3), ints(3, 0, 3)],
+         lambda a, g, i: _scatter_added(a, i, g, 1), grad_inputs=[0, 1], dynamic=True),
     Case("take_int32_indices", lambda x, i: I.take(x, i, axis=0), [r(4, 2), np.array([2, 2], np.int32)],
          lambda a, i: a[[2, 2]]),
     Case("advanced_index", I.advanced_index, [r(5, 3), ints(4, 0, 4, 2)], lambda a, i: a[i]),

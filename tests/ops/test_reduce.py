@@ -283,3 +283,15 @@ def test_multi_axis_sums_over_the_batch_add_whole_samples_first(axis, keepdims):
         out = np.empty(want.shape, dtype)
         np.testing.assert_allclose(kernel(x, out=out), want, rtol=rtol, atol=rtol)
         np.testing.assert_allclose(out, want, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("axis,keepdims", [(None, False), ((1,), False), ((0, 2), True), (None, True), ((), False)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_mean_is_numpys_own_to_the_bit(axis, keepdims, dtype):
+    """The NumPy kernel sums and divides as numpy.mean does (without its Python layer): same bits."""
+    from cgvm.ops import reduce as R
+    x = np.random.default_rng(3).standard_normal((4, 5, 6)).astype(dtype)
+    got = R.mean.bind(np, {"axis": axis, "keepdims": keepdims})(x)
+    want = np.mean(x, axis=axis, keepdims=keepdims)
+    assert got.dtype == want.dtype and got.shape == np.shape(want)
+    np.testing.assert_array_equal(got, want)
