@@ -150,21 +150,29 @@ def backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: Any, o
 
 
 def backward_weight(xp: Any, x: Any, g: Any, ksize: Sequence[int], geo: Any, out: Any) -> Any:
-    """dw (O, C/g, kh, kw) into ``out``: G (O/g, rows·OW·N) times the columns of x, summed over row chunks."""
+    """dw (O, C/g, kh, kw) into ``out``: per group, dwᵀ = columns of x (C/g·kh·kw, rows·OW·N) times
+    G laid out (rows·OW·N, O/g), summed over row chunks.
+
+    That orientation, both operands as BLAS reads them untransposed, ran 1.4-2x faster in OpenBLAS
+    than dw = G · columnsᵀ (LeNet's conv2, 32 x 144 over 7744 positions: 0.74-0.98 against 1.4-1.8 ms)."""
     n, c = x.shape[:2]
     _, o, oh, ow = g.shape
     kh, kw = ksize
     groups, og = geo.groups, o // geo.groups
     cg = c // groups
+    kc = cg * kh * kw
     xt = _padded_batch_last(xp, x, geo.pads)
-    gt = xp.ascontiguousarray(g.transpose(1, 2, 3, 0)).reshape(groups, og, oh, ow * n)
-    result = out.reshape(groups, og, cg * kh * kw)
+    gt = xp.ascontiguousarray(g.transpose(2, 3, 0, 1)).reshape(oh, ow * n, groups, og)
+    acc = xp.empty((groups, kc, og), dtype=out.dtype)
+    part = xp.empty((kc, og), dtype=out.dtype)
     for index, (r0, r1) in enumerate(_row_chunks(oh, c * kh * kw * ow * n * x.dtype.itemsize)):
         rows = r1 - r0
-        cols = _columns(xp, xt, (kh, kw), r0, r1, ow, geo).reshape(groups, cg * kh * kw, rows * ow * n)
-        gmat = gt[:, :, r0:r1].reshape(groups, og, rows * ow * n)
-        if index == 0:
-            xp.matmul(gmat, cols.transpose(0, 2, 1), out=result)
-        else:
-            result += xp.matmul(gmat, cols.transpose(0, 2, 1))
+        cols = _columns(xp, xt, (kh, kw), r0, r1, ow, geo).reshape(groups, kc, rows * ow * n)
+        gmat = gt[r0:r1].reshape(rows * ow * n, groups, og)
+        for gi in range(groups):
+            if index == 0:
+                xp.matmul(cols[gi], gmat[:, gi], out=acc[gi])
+            else:
+                acc[gi] += xp.matmul(cols[gi], gmat[:, gi], out=part)
+    out.reshape(groups, og, kc)[...] = acc.transpose(0, 2, 1)
     return out
