@@ -17,6 +17,12 @@ is not, relu' of the maximum is what the old graph multiplied the routed gradien
 With overlapping windows an element receives the sum over the windows whose argmax it is, each
 term scaled by relu' of that window's maximum, in both forms.
 
+Max pooling routes each window's gradient to one element of the window's own (n, c) plane, so a
+sum of ``max_pool_grad(x, g, p)`` over every spatial axis (a conv's bias gradient) is the same
+sum of ``g``, over a map a quarter the size for 2x2 windows; that rewrite is made too (except for
+rounding: the terms are added in another order; a window whose maximum is NaN may route its
+gradient nowhere in one kernel and somewhere in another, and such a loss is NaN anyway).
+
 The rewrite needs every reader of ``a`` to be that max_pool, max_pool_grad nodes over it and p,
 and relu_grad nodes of those gradients (each the gradient's only reader); ``a`` and the
 gradients must not be graph outputs. The conv's own relu epilogue (fuse) is then not made: the
@@ -29,6 +35,8 @@ from typing import Dict, List, Optional, Sequence
 from ..ir.graph import Graph, Node, Value
 from ..ops import elementwise_math as em
 from ..ops import pool as pl
+from ..ops import reduce as red
+from ..ops.rules import normalize_axes
 from .patterns import build
 from .rewrite import rewrite
 
@@ -71,8 +79,32 @@ def _is_relu_grad_of(node: Node, d: Value, a: Value, relu: Node) -> bool:
             and node.attrs["negative_slope"] == relu.attrs["negative_slope"])
 
 
+def _routed_sum(node: Node, inputs: Sequence[Value]) -> Optional[Value]:
+    """sum(max_pool_grad(x, g, ...)) over every spatial axis -> the same sum of g (module doc)."""
+    made = inputs[0].node
+    if made is None or made.op.name != "max_pool_grad":
+        return None
+    g = made.inputs[1]
+    axes = tuple(range(g.ndim)) if node.attrs["axis"] is None else normalize_axes(node.attrs["axis"], g.ndim)
+    if not set(range(2, g.ndim)) <= set(axes) or g.dtype is not inputs[0].dtype:
+        return None
+    return build(red.sum, [g], {"axis": axes, "keepdims": node.attrs["keepdims"]}, node)
+
+
 def pool_before_activation(graph: Graph) -> Graph:
-    """The rewrite of the module doc, for every relu whose readers fit it."""
+    """The rewrites of the module doc: relu after max_pool where every reader fits, and sums of
+    routed gradients over the spatial axes."""
+    graph = _pool_first(graph)
+    if not any(n.op.name == "max_pool_grad" for n in graph.nodes):
+        return graph
+
+    def rule(node: Node, inputs: Sequence[Value]) -> Optional[Sequence[Value]]:
+        repl = _routed_sum(node, inputs) if node.op.name == "sum" else None
+        return None if repl is None else [repl]
+    return rewrite(graph, rule)
+
+
+def _pool_first(graph: Graph) -> Graph:
     if not any(n.op.name == "max_pool" for n in graph.nodes):
         return graph
     users = graph.consumers()

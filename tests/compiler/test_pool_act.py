@@ -98,3 +98,27 @@ def test_inference_graph_pools_first():
     v = RNG.standard_normal((3, 2, 6, 6)).astype(np.float32)
     want = np.maximum(v, 0).reshape(3, 2, 3, 2, 3, 2).max(axis=(3, 5))
     np.testing.assert_array_equal(f(v), want)
+
+
+@pytest.mark.parametrize("axis,keepdims", [((0, 2, 3), False), ((2, 3), True), (None, False)])
+def test_sums_of_routed_gradients_over_the_planes_read_g(axis, keepdims):
+    x = input_value(TensorType((None, 3, 7, 6)), "x")
+    g = input_value(TensorType((None, 3, 3, 3)), "g")
+    routed = P.max_pool_grad(x, g, P.max_pool(x, kernel=(2, 2)), kernel=(2, 2))
+    total = R.sum(routed, axis=axis, keepdims=keepdims)
+    f = cgvm.compile([x, g], [total, routed])
+    sums = [n for n in f.graph.nodes if n.op.name == "sum"]
+    assert len(sums) == 1 and sums[0].inputs[0] is f.graph.inputs[1]
+    xv = RNG.integers(-2, 3, (2, 3, 7, 6)).astype(np.float32)      # ties: still one element per window
+    gv = RNG.standard_normal((2, 3, 3, 3)).astype(np.float32)
+    got, dx = f(xv, gv)
+    np.testing.assert_allclose(got, np.sum(dx, axis=axis, keepdims=keepdims), rtol=1e-5, atol=1e-5)
+
+
+def test_a_sum_keeping_a_spatial_axis_reads_the_routed_gradient():
+    x = input_value(TensorType((None, 3, 6, 6)), "x")
+    g = input_value(TensorType((None, 3, 3, 3)), "g")
+    total = R.sum(P.max_pool_grad(x, g, P.max_pool(x, kernel=(2, 2)), kernel=(2, 2)), axis=(0, 2))
+    f = cgvm.compile([x, g], total)
+    assert [n.op.name for n in f.graph.nodes if n.op.name == "sum"] == ["sum"]
+    assert f.graph.nodes[-1].inputs[0].node.op.name == "max_pool_grad"
