@@ -5,8 +5,9 @@ The im2col kernels in conv.py work sample by sample: each strided copy (im2col) 
 24) NumPy spends most of its time starting those short inner loops. Here the input is first
 copied once to (C, H, W, N): then a window offset is a view whose contiguous runs are OW·N
 elements long (N with strides), every copy and add streams, and each GEMM covers the whole
-batch: (O, C·kh·kw) x (C·kh·kw, rows·OW·N). The output rows are processed in chunks so that the
-columns stay within COLUMN_BUDGET_BYTES.
+batch: (O, C·kh·kw) x (C·kh·kw, rows·OW·N) forward; the weight gradient as its transpose,
+columns times G laid out (rows·OW·N, O), so that BLAS reads neither operand transposed. The
+output rows are processed in chunks so that the columns stay within COLUMN_BUDGET_BYTES.
 
 conv.py sends 2-D convolutions here when ``batch_last_pays``; groups, stride, dilation and
 padding are all handled.
