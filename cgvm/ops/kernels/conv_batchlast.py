@@ -61,6 +61,25 @@ def _padded_batch_last(xp: Any, x: Any, pads: Sequence[Tuple[int, int]], into: O
     return into
 
 
+#: store_nchw goes a channel at a time when one channel's block has at least this many elements
+PER_CHANNEL_STORE_ELEMENTS = 4096
+
+
+def store_nchw(out: Any, src: Any) -> None:
+    """out (N, C, H, W) = src (C, H, W, N).
+
+    NumPy runs the one 4-D transposed copy with the batch axis innermost, each write C·H·W elements
+    from the last; a channel at a time the writes stay within one channel's planes. Measured on the
+    project's machine (C x H x W x N): 16 x 13 x 13 x 64 0.22 -> 0.13 ms, 32 x 11 x 11 x 64 0.35 ->
+    0.22 ms, 64 x 14 x 14 x 64 4.1 -> 0.8 ms; but with small blocks the loop loses (128 x 7 x 7 x 32:
+    0.20 -> 0.21-0.30 ms, 512 x 7 x 7 x 16: 0.47 -> 0.84 ms), hence PER_CHANNEL_STORE_ELEMENTS."""
+    if src[0].size < PER_CHANNEL_STORE_ELEMENTS:
+        out[...] = src.transpose(3, 0, 1, 2)
+        return
+    for c in range(src.shape[0]):
+        out[:, c] = src[c].transpose(2, 0, 1)
+
+
 def _row_chunks(rows: int, bytes_per_row: int) -> List[Tuple[int, int]]:
     size = max(1, COLUMN_BUDGET_BYTES // max(bytes_per_row, 1))
     return [(r, min(r + size, rows)) for r in range(0, rows, size)]
@@ -146,7 +165,7 @@ def backward_input(xp: Any, g: Any, w: Any, in_sizes: Sequence[int], geo: Any, o
                 for gi in range(groups):
                     view = _window(grouped[gi], ki, kj, r0, r1, ow, geo)
                     view += cols[gi, ki * kw + kj]
-    out[...] = acc[:, top:top + h, left:left + wd, :].transpose(3, 0, 1, 2)
+    store_nchw(out, acc[:, top:top + h, left:left + wd, :])
     return out
 
 
