@@ -32,6 +32,7 @@ from .loop_pushout import push_out_loop_work
 from .loops import hoist_loop_invariants, prune_loop_outputs
 from .liveness import UpdatePlan, liveness
 from .memory import MemoryPlan, infer_slot_types, plan_memory
+from .pool_act import pool_before_activation
 from .prune import prune
 from .recompute import Recomputation
 from .reductions import fuse_square_sums
@@ -62,6 +63,8 @@ PIPELINE: List[Pass] = [
                                          "scale and bias folded into the preceding conv"),
     Pass("sum_squares", fuse_square_sums, ("simplify",), "sum(square(x)) over every axis as one BLAS dot "
                                                          "(L2 penalties)"),
+    Pass("pool_act", pool_before_activation, ("simplify",), "max_pool(relu(z)) as relu(max_pool(z)), and its "
+                                                           "gradient: the activation on the pooled map"),
     Pass("accumulate", fuse_accumulations, ("simplify",), "beta * c + alpha * (a @ b) as one gemm adding "
                                                           "into c (SGD and momentum weight updates)"),
     Pass("epilogues", fuse_epilogues, ("simplify",), "matmul + bias (+ activation) as gemm_bias_act, "

@@ -33,6 +33,7 @@ CASES = [  # (N, C, H, W), (O, C/g, kh, kw), stride, pad, dilation, groups
     ((5, 4, 10, 9), (6, 2, 3, 2), (2, 1), (1, 2), (1, 1), 2),
     ((4, 2, 11, 11), (3, 2, 3, 3), (1, 2), (2, 1), (2, 2), 1),
     ((8, 1, 12, 12), (5, 1, 5, 5), (1, 1), (0, 0), (1, 1), 1),
+    ((1, 4, 7, 10), (6, 2, 3, 3), (2, 2), (1, 0), (1, 2), 2),    # batch 1, groups with 3 outputs each
 ]
 
 
@@ -113,3 +114,25 @@ def test_compiled_lenet_sized_training_gradients_match_the_loop():
         e[flat] = 1.0
         lin = np.sum(2 * yr * _reference(e.reshape(x.shape), w, (1, 1), (1, 1), (1, 1), 1))
         assert gx.reshape(-1)[flat] == pytest.approx(lin, rel=1e-9)
+
+
+@pytest.mark.parametrize("threshold", [1, 10 ** 9])
+def test_nchw_store_both_ways(monkeypatch, threshold):
+    """A channel at a time or one transposed copy: the same array, from a strided (cropped) source too."""
+    monkeypatch.setattr(bl, "PER_CHANNEL_STORE_ELEMENTS", threshold)
+    rng = np.random.default_rng(2)
+    src = rng.standard_normal((3, 7, 6, 5))
+    out = np.empty((5, 3, 5, 4))
+    bl.store_nchw(out, src[:, 1:6, 2:, :])
+    np.testing.assert_array_equal(out, src[:, 1:6, 2:, :].transpose(3, 0, 1, 2))
+    x_shape, w_shape, stride, pad, dilation, groups = CASES[1]
+    w = rng.standard_normal(w_shape)
+    geo = cv.ConvGeometry(2, stride, pad, dilation, groups)
+    y_shape = _reference(np.zeros(x_shape), w, stride, pad, dilation, groups).shape
+    r = rng.standard_normal(y_shape)
+    dx = bl.backward_input(np, r, w, x_shape[2:], geo, np.empty(x_shape))
+    for flat in rng.choice(int(np.prod(x_shape)), 4, replace=False):
+        e = np.zeros(int(np.prod(x_shape)))
+        e[flat] = 1.0
+        ref = np.sum(_reference(e.reshape(x_shape), w, stride, pad, dilation, groups) * r)
+        assert dx.reshape(-1)[flat] == pytest.approx(ref, rel=1e-9, abs=1e-9)
