@@ -202,17 +202,14 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         done = steps
         t = -1
         # the compiled tier (cgvm.ops.kernels.scan_jit): every step in one Numba call, once hot
-        compiled = jit.loop_for(seqs, inits, nonseqs) if jit is not None and active and not growing else None
-        ran = None
-        if compiled is not None:
-            stacks = [new_stack(j, (rows,) + shape, dtype) for j, (shape, dtype) in enumerate(compiled.stack_types)]
-            ran = compiled(seqs, inits, nonseqs, stacks, active, steps)
+        ran = jit.run(seqs, inits, nonseqs, active, steps, new_stack) if jit is not None and active and not growing \
+            else None
         if ran is not None:
-            carries, stopped, t = ran
-            if stopped is not None:
+            carries, stacks, stopped = ran
+            t = active - 1 if stopped < 0 else stopped - 1
+            if stopped >= 0:
                 done = stopped
         else:
-            stacks = []
             if active >= REALIGN_MIN_STEPS:
                 for k in realign:
                     nonseqs[k] = aligned(xp, nonseqs[k])
@@ -256,18 +253,19 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         written = t + 1
         if growing and done == steps:   # ran every step: the rows are exactly the steps
             done = written
-        for st in stacks:   # steps not run (truncate) read as zeros
-            if flipped:
-                st[:steps - written] = 0
-            else:
-                st[written:] = 0
+        if written < (stacks[0].shape[0] if stacks else 0):
+            for st in stacks:   # steps not run (truncate) read as zeros
+                if flipped:
+                    st[:steps - written] = 0
+                else:
+                    st[written:] = 0
         if active < steps:
             for k in range(min(reset_carries, n_carry)):
                 carries[k] = xp.zeros_like(carries[k])
         if done < steps or (growing and stacks and stacks[0].shape[0] != done):
             stacks = [st[steps - done:] if flipped else st[:done] for st in stacks]
-        finals = [c if isinstance(c, xp.ndarray) else xp.asarray(c) for c in carries]
-        results = tuple(finals) + tuple(stacks)
+        finals = carries if ran is not None else [c if isinstance(c, xp.ndarray) else xp.asarray(c) for c in carries]
+        results = (*finals, *stacks)
         return results[0] if len(results) == 1 else results  # one output: the VM stores it as is
     scan_kernel.jit = jit   # the tier's state, for tests and inspection (None: off)
     return scan_kernel

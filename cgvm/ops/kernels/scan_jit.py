@@ -17,11 +17,12 @@ Numba; the scan kernel (cgvm.ops.control) then calls it instead of its Python st
 
 The generated function (its source is ``fn.__cgvm_source__``, also ``CompiledLoop.source``):
 
-    scan_loop(s0.., c0.., p0.., k0.., st0.., t0, active, steps) -> (carries..., stopped_after, last_t)
+    scan_loop(s0.., c0_in.., p0.., k0.., st0.., c0.., _w_<dtype>.., t0, active, steps) -> stopped_after
 
-sequences ``s``, initial carries ``c`` (copied, never written), non-sequences ``p``, the body's
-constants ``k``, the stacks ``st`` (allocated by the caller, rows written by step), and the same
-step range as the Python loop's; ``stopped_after`` is -1 unless an ``until`` condition held.
+sequences ``s``, initial carries ``c_in`` (read), non-sequences ``p``, the body's constants
+``k``, the stacks ``st`` (rows written by step), the arrays the final carries are written into
+``c``, one work array per dtype (the temporaries), and the Python loop's step range; it returns
+-1 unless an ``until`` condition held (then the steps run), -2 for arrays of other shapes.
 """
 from __future__ import annotations
 
@@ -40,11 +41,8 @@ from .. import loop_code as lc
 ENV_SWITCH = "CGVM_JIT"       # 0/false/no/off: never compile loops; unset or 1/true/yes: when hot
 ENV_HOT = "CGVM_JIT_HOT"      # calls with one signature before a scan is compiled; 0: at its first call
 DEFAULT_HOT = 32              # the test suite's scans run a few calls each: they never pay a compile
-MAX_SIGNATURES = 8            # compiled step signatures per scan; more keep the Python loop
-#: Numba compiles a variant per argument layout (C, F, strided, read-only): a scan called with
-#: more variants than this stays in Python, rather than compiling on and on
-MAX_VARIANTS = 4
-FROZEN_CONST_SIZE = 4096      # body constants up to this many elements are compiled into the code
+MAX_SIGNATURES = 8            # compiled step signatures (shapes, dtypes, layouts) per scan; more stay in Python
+SHAPE_MISMATCH = -2           # what a compiled loop returns as stopped_after for arrays of other shapes
 
 
 def _numba_installed() -> bool:
@@ -74,33 +72,25 @@ def hot_threshold() -> Optional[int]:
 
 
 class CompiledLoop:
-    """One compiled signature: ``loop(seqs, inits, nonseqs, stacks, active, steps) -> (carries,
-    stopped_after or None, last_t)`` or None where the call failed (the tier then stays off)."""
+    """One compiled step signature (shapes, dtypes and array layouts): ``fn`` and what it is
+    called with besides the scan's own arrays."""
 
-    def __init__(self, owner: "ScanJit", fn: Any, consts: Sequence[np.ndarray],
-                 stack_types: Sequence[Tuple[tuple, Any]], n_carry: int, source: str):
-        self.owner, self.fn, self.consts = owner, fn, tuple(consts)
+    def __init__(self, fn: Any, consts: Sequence[np.ndarray], stack_types: Sequence[Tuple[tuple, Any]],
+                 carry_types: Sequence[Tuple[tuple, Any]], work: Sequence[np.ndarray], source: str):
+        self.fn = fn
+        self.extra = tuple(consts)   # the body's constants
         self.stack_types = list(stack_types)   # (row shape, NumPy dtype) per stack
-        self.n_carry = n_carry
+        self.carry_types = list(carry_types)
+        # the temporaries: one scan kernel runs one loop at a time, as a frame runs one call
+        self.work = tuple(work)
         self.source = source
-
-    def __call__(self, seqs: Sequence[Any], inits: Sequence[Any], nonseqs: Sequence[Any], stacks: Sequence[Any],
-                 active: int, steps: int) -> Optional[Tuple[List[Any], Optional[int], int]]:
-        args = [a if type(a) is np.ndarray else np.asarray(a) for a in (*seqs, *inits, *nonseqs)]
-        try:
-            res = self.fn(*args, *self.consts, *stacks, 0, active, steps)
-            if len(self.fn.overloads) > MAX_VARIANTS:
-                raise RuntimeError(f"called with {len(self.fn.overloads)} argument layouts")
-        except Exception as exc:   # Numba could not type or compile it: the Python loop, for good
-            self.owner.dead, self.owner.why = True, f"{type(exc).__name__}: {exc}"
-            return None
-        n = self.n_carry
-        stopped = res[n]
-        return list(res[:n]), (None if stopped < 0 else stopped), res[n + 1]
 
 
 class ScanJit:
-    """The tier for one scan node: counts calls per step signature, compiles the hot one."""
+    """The tier for one scan node: counts calls per step signature, compiles the hot one.
+
+    ``run`` first calls the loop compiled last, whose own first lines check the shapes (a
+    signature key costs more than the check); only a call it refuses looks its signature up."""
 
     def __init__(self, body: Graph, *, n_seqs: int, n_carry: int, kept: Sequence[int], go_backwards: bool,
                  has_until: bool, seq_order: bool, hot: int):
@@ -110,42 +100,71 @@ class ScanJit:
         self.hot = hot
         self.counts: Dict[tuple, int] = {}
         self.loops: Dict[tuple, Optional[CompiledLoop]] = {}
+        self.last: Optional[CompiledLoop] = None
         self.dead = any(v.kind == PARAM for n in body.nodes for v in n.inputs) or any(
             n.op.stateful for n in body.nodes)
         self.why: Optional[str] = "reads parameters or draws random numbers" if self.dead else None
 
-    def loop_for(self, seqs: Sequence[Any], carries: Sequence[Any], nonseqs: Sequence[Any]) -> Optional[CompiledLoop]:
-        """The compiled loop for this call's step signature, once hot; None: run the Python loop."""
+    def run(self, seqs: Sequence[Any], inits: Sequence[Any], nonseqs: Sequence[Any], active: int, steps: int,
+            new_stack: Any) -> Optional[Tuple[List[Any], List[Any], int]]:
+        """Every step of the loop (``active`` > 0 of ``steps``): ``(final carries, stacks, stopped_after)``
+        (-1: it ran every active step), or None where this call runs the Python loop.
+        ``new_stack(j, shape, dtype)`` allocates stack j."""
+        loop = self.last
+        if loop is not None:
+            stacks = [new_stack(j, (steps,) + shape, dtype) for j, (shape, dtype) in enumerate(loop.stack_types)]
+            finals = [np.empty(shape, dtype) for shape, dtype in loop.carry_types]
+            try:
+                stopped = loop.fn(*seqs, *inits, *nonseqs, *loop.extra, *stacks, *finals, *loop.work, 0, active, steps)
+            except TypeError:   # other dtypes or layouts: looked up below
+                stopped = SHAPE_MISMATCH
+            if stopped != SHAPE_MISMATCH:
+                return finals, stacks, stopped
         if self.dead:
             return None
-        key = tuple([(s.shape[1:], s.dtype) for s in seqs] + [(a.shape, a.dtype) for a in carries]
-                    + [(a.shape, a.dtype) for a in nonseqs])
+        args = [a if type(a) is np.ndarray else np.asarray(a) for a in (*seqs, *inits, *nonseqs)]
+        S = self.n_seqs
+        key = tuple((a.shape[1:] if k < S else a.shape, a.dtype.char, a.flags.c_contiguous, a.flags.f_contiguous,
+                     a.flags.writeable, a.flags.aligned) for k, a in enumerate(args))
         loop = self.loops.get(key)
-        if loop is not None or key in self.loops:
-            return loop
-        n = self.counts.get(key, 0) + 1
-        self.counts[key] = n
-        if n <= self.hot or len(self.loops) >= MAX_SIGNATURES:
-            return None
+        if loop is None:
+            if key in self.loops:
+                return None
+            n = self.counts.get(key, 0) + 1
+            self.counts[key] = n
+            if n <= self.hot or len(self.loops) >= MAX_SIGNATURES:
+                return None
         try:
-            loop = self._compile([TensorType(shape, DType(dt)) for shape, dt in key])
+            if loop is None:
+                self.loops[key] = None   # whatever happens below, this signature is tried once
+                loop = self._compile([TensorType(k[0], DType(k[1])) for k in key], args, steps, new_stack)
+                self.loops[key] = loop
+            stacks = [new_stack(j, (steps,) + shape, dtype) for j, (shape, dtype) in enumerate(loop.stack_types)]
+            finals = [np.empty(shape, dtype) for shape, dtype in loop.carry_types]
+            stopped = loop.fn(*args, *loop.extra, *stacks, *finals, *loop.work, 0, active, steps)
+            if stopped == SHAPE_MISMATCH:
+                raise RuntimeError("the compiled loop refused the shapes it was compiled for")
         except lc.Unsupported as exc:   # this signature keeps the Python loop
-            self.why, loop = str(exc), None
+            self.why = str(exc)
+            return None
         except Exception as exc:        # Numba could not type or compile the body: never again
-            self.why, loop, self.dead = f"{type(exc).__name__}: {exc}", None, True
-        self.loops[key] = loop
-        return loop
+            self.why, self.dead, self.last = f"{type(exc).__name__}: {exc}", True, None
+            return None
+        self.last = loop
+        return finals, stacks, stopped
 
-    # -- code generation -----------------------------------------------------------
-    def _compile(self, in_types: List[TensorType]) -> CompiledLoop:
-        source, env, consts, stack_types = generate(self, in_types)
+    def _compile(self, in_types: List[TensorType], args: Sequence[Any], steps: int, new_stack: Any) -> CompiledLoop:
+        source, env, consts, stack_types, carry_types, work = generate(self, in_types)
         fn = define("scan_loop", source, env, f"compiled scan loop {self.body.name}")
         import numba   # only here: importing numba costs ~0.5 s, paid by hot loops alone
 
-        # compiled at the first call, for the layouts of its arrays (a signature given here would
-        # refuse read-only or Fortran-ordered arguments instead)
-        compiled = numba.njit(error_model="numpy", cache=False)(fn)
-        return CompiledLoop(self, compiled, consts, stack_types, self.n_carry, fn.__cgvm_source__)
+        # one signature, the types of this call's arrays (layouts, read-only): compiled now, and
+        # another call's arrays are refused with a TypeError rather than compiled again
+        stacks = [new_stack(j, (steps,) + shape, dtype) for j, (shape, dtype) in enumerate(stack_types)]
+        finals = [np.empty(shape, dtype) for shape, dtype in carry_types]
+        sig = tuple(numba.typeof(a) for a in (*args, *consts, *stacks, *finals, *work)) + (numba.types.int64,) * 3
+        compiled = numba.njit(numba.types.int64(*sig), error_model="numpy", cache=False)(fn)
+        return CompiledLoop(compiled, consts, stack_types, carry_types, work, fn.__cgvm_source__)
 
 
 def generate(jit: ScanJit, in_types: List[TensorType]):
@@ -185,13 +204,9 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
         em.cast(dt)
         if data.ndim == 0:   # a literal: a frozen global scalar, folded by LLVM
             b: lc.Buf = _Scalar(em.const(data[()], dt), dt)
-        elif data.size <= FROZEN_CONST_SIZE:   # Numba freezes a global array into the code
-            name = em.fresh("g")
-            em.env[name] = data
-            b = lc.Buf(name, data.shape, dt)
-        else:
+        else:   # an argument: Numba rebuilds a global array from a pickle on every call
             name = f"k{len(consts)}"
-            consts.append(data)
+            consts.append(np.array(data, copy=True))   # writable: one Numba type for every call
             params.append(name)
             b = lc.Buf(name, data.shape, dt)
         types[id(v)] = TensorType(data.shape, dt)
@@ -199,7 +214,7 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
         bufs[id(v)] = b
         return b
 
-    alloc: List[str] = []
+    temps: List[lc.Buf] = []   # buffers of the body's values: views of one allocation per dtype
     prologue: List[str] = []   # invariant nodes: computed once, before the loop
     step: List[str] = []
     n_buf = 0
@@ -223,7 +238,7 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
         for o, t in zip(node.outputs, out_types):
             n_buf += 1
             b = lc.Buf(f"b{n_buf}", t.shape, t.dtype)
-            alloc.append(f"    {b.name} = np.empty({b.shape!r}, {em.cast(t.dtype)})")
+            temps.append(b)
             bufs[id(o)] = b
             outs.append(b)
         reads = [v for k, v in enumerate(node.inputs) if not node.op.reads_only_shape(k)]
@@ -258,33 +273,57 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
     for k, o in enumerate(outs[:C]):
         if o.name in carry_names:
             tmp = lc.Buf(f"n{k}", o.shape, o.dtype)
-            alloc.append(f"    {tmp.name} = np.empty({tmp.shape!r}, {em.cast(o.dtype)})")
+            temps.append(tmp)
             lc.copy(em, o, tmp)
             o = tmp
         news.append(o)
     for c, o in zip(carries, news):
         lc.copy(em, o, c)
-    finals = "".join(f"{c.name}, " for c in carries)
     if jit.has_until:
         stop = outs[-1]
         if stop.size != 1:
             raise lc.Unsupported("an until condition of more than one element")
         em.line(f"if {stop.at(['0'] * stop.ndim)}:")
         with em.block():
-            em.line(f"return ({finals}t + 1, t)")
+            em.line("return t + 1")
     finish = em.lines[start:]
     del em.lines[start:]
 
+    # the final carries are written into arrays the caller hands in (boxing arrays Numba made
+    # costs more), the temporaries are views of work arrays allocated once per compiled loop
+    params += [c.name for c in carries]
+    work = _work(temps)
+    params += [name for name, _, _ in work]
     em.depth = 1
-    for c, v in zip(carries, body.inputs[S:S + C]):
-        em.line(f"{c.name} = np.empty({c.shape!r}, {em.cast(c.dtype)})")
+    checks = [f"{name}.shape[{a + (k < S)}] != {d}" for k, (name, t) in enumerate(zip(params, in_types))
+              for a, d in enumerate(t.shape)]
+    if checks:   # compiled for these shapes: refuse others (the caller looks their loop up)
+        em.line(f"if {' or '.join(checks)}:")
+        with em.block():
+            em.line(f"return {SHAPE_MISMATCH}")
+    for name, _, bufs in work:
+        at = 0
+        for b in bufs:
+            n = max(b.size, 1)
+            em.line(f"{b.name} = {name}[{at}:{at + n}].reshape({b.shape!r})")
+            at += n
+    for c in carries:
         lc.copy(em, lc.Buf(f"{c.name}_in", c.shape, c.dtype), c)
-    init = em.lines[:]
-    lines = [f"def scan_loop({', '.join(params + ['t0', 'active', 'steps'])}):"] + alloc + init + prologue
-    lines += ["    t = t0 - 1", "    for t in range(t0, active):",
+    lines = [f"def scan_loop({', '.join(params + ['t0', 'active', 'steps'])}):"] + em.lines + prologue
+    lines += ["    for t in range(t0, active):",
               f"        i = {'steps - 1 - t' if jit.go_backwards else 't'}"]
-    lines += step + finish + [f"    return ({finals}-1, t)"]
-    return lines, em.env, consts, stack_types
+    lines += step + finish + ["    return -1"]
+    carry_types = [(c.shape, c.dtype.np) for c in carries]
+    work_arrays = [np.empty(sum(max(b.size, 1) for b in bufs), dt.np) for _, dt, bufs in work]
+    return lines, em.env, consts, stack_types, carry_types, work_arrays
+
+
+def _work(temps: Sequence[lc.Buf]) -> List[Tuple[str, DType, List[lc.Buf]]]:
+    """The temporaries by dtype: (work array name, dtype, its buffers)."""
+    by: Dict[str, List[lc.Buf]] = {}
+    for b in temps:
+        by.setdefault(b.dtype.name, []).append(b)
+    return [(f"_w_{dt}", bufs[0].dtype, bufs) for dt, bufs in by.items()]
 
 
 class _Scalar(lc.Buf):
