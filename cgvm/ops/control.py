@@ -181,10 +181,12 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         optimized(body), n_seqs=n_seqs, n_carry=n_carry, kept=kept, go_backwards=go_backwards,
         has_until=has_until, seq_order=seq_order, hot=hot)
 
+    n_sc = n_seqs + n_carry
+
     def scan_kernel(*inputs):
-        seqs, inits, rest = split_sizes(inputs, n_seqs, n_carry)
-        nonseqs = list(rest[:-1] if dyn_steps else rest)
-        steps = int(rest[-1]) if dyn_steps else n_steps
+        seqs, inits = inputs[:n_seqs], inputs[n_seqs:n_sc]
+        nonseqs = list(inputs[n_sc:-1] if dyn_steps else inputs[n_sc:])
+        steps = int(inputs[-1]) if dyn_steps else n_steps
         if steps is None:
             if not seqs:
                 raise ValueError("scan without sequences needs n_steps")

@@ -17,11 +17,10 @@ Numba; the scan kernel (cgvm.ops.control) then calls it instead of its Python st
 
 The generated function (its source is ``fn.__cgvm_source__``, also ``CompiledLoop.source``):
 
-    scan_loop(s0.., c0_in.., p0.., k0.., st0.., c0.., _w_<dtype>.., t0, active, steps) -> stopped_after
+    scan_loop(s0.., c0_in.., p0.., st0.., c0.., _w_<dtype>.., t0, active, steps) -> stopped_after
 
-sequences ``s``, initial carries ``c_in`` (read), non-sequences ``p``, the body's constants
-``k``, the stacks ``st`` (rows written by step), the arrays the final carries are written into
-``c``, one work array per dtype (the temporaries), and the Python loop's step range; it returns
+sequences ``s``, initial carries ``c_in`` (read), non-sequences ``p``, the stacks ``st`` (rows written by step), the arrays the final carries are written into
+``c``, one work array per dtype (the temporaries and the body's constants), and the Python loop's step range; it returns
 -1 unless an ``until`` condition held (then the steps run), -2 for arrays of other shapes.
 """
 from __future__ import annotations
@@ -75,13 +74,13 @@ class CompiledLoop:
     """One compiled step signature (shapes, dtypes and array layouts): ``fn`` and what it is
     called with besides the scan's own arrays."""
 
-    def __init__(self, fn: Any, consts: Sequence[np.ndarray], stack_types: Sequence[Tuple[tuple, Any]],
-                 carry_types: Sequence[Tuple[tuple, Any]], work: Sequence[np.ndarray], source: str):
+    def __init__(self, fn: Any, stack_types: Sequence[Tuple[tuple, Any]], carry_types: Sequence[Tuple[tuple, Any]],
+                 work: Sequence[np.ndarray], source: str):
         self.fn = fn
-        self.extra = tuple(consts)   # the body's constants
         self.stack_types = list(stack_types)   # (row shape, NumPy dtype) per stack
         self.carry_types = list(carry_types)
-        # the temporaries: one scan kernel runs one loop at a time, as a frame runs one call
+        # the temporaries and the body's constants: one scan kernel runs one loop at a time, as a
+        # frame runs one call
         self.work = tuple(work)
         self.source = source
 
@@ -115,7 +114,7 @@ class ScanJit:
             stacks = [new_stack(j, (steps,) + shape, dtype) for j, (shape, dtype) in enumerate(loop.stack_types)]
             finals = [np.empty(shape, dtype) for shape, dtype in loop.carry_types]
             try:
-                stopped = loop.fn(*seqs, *inits, *nonseqs, *loop.extra, *stacks, *finals, *loop.work, 0, active, steps)
+                stopped = loop.fn(*seqs, *inits, *nonseqs, *stacks, *finals, *loop.work, 0, active, steps)
             except TypeError:   # other dtypes or layouts: looked up below
                 stopped = SHAPE_MISMATCH
             if stopped != SHAPE_MISMATCH:
@@ -141,7 +140,7 @@ class ScanJit:
                 self.loops[key] = loop
             stacks = [new_stack(j, (steps,) + shape, dtype) for j, (shape, dtype) in enumerate(loop.stack_types)]
             finals = [np.empty(shape, dtype) for shape, dtype in loop.carry_types]
-            stopped = loop.fn(*args, *loop.extra, *stacks, *finals, *loop.work, 0, active, steps)
+            stopped = loop.fn(*args, *stacks, *finals, *loop.work, 0, active, steps)
             if stopped == SHAPE_MISMATCH:
                 raise RuntimeError("the compiled loop refused the shapes it was compiled for")
         except lc.Unsupported as exc:   # this signature keeps the Python loop
@@ -154,7 +153,7 @@ class ScanJit:
         return finals, stacks, stopped
 
     def _compile(self, in_types: List[TensorType], args: Sequence[Any], steps: int, new_stack: Any) -> CompiledLoop:
-        source, env, consts, stack_types, carry_types, work = generate(self, in_types)
+        source, env, stack_types, carry_types, work = generate(self, in_types)
         fn = define("scan_loop", source, env, f"compiled scan loop {self.body.name}")
         import numba   # only here: importing numba costs ~0.5 s, paid by hot loops alone
 
@@ -162,14 +161,14 @@ class ScanJit:
         # another call's arrays are refused with a TypeError rather than compiled again
         stacks = [new_stack(j, (steps,) + shape, dtype) for j, (shape, dtype) in enumerate(stack_types)]
         finals = [np.empty(shape, dtype) for shape, dtype in carry_types]
-        sig = tuple(numba.typeof(a) for a in (*args, *consts, *stacks, *finals, *work)) + (numba.types.int64,) * 3
+        sig = tuple(numba.typeof(a) for a in (*args, *stacks, *finals, *work)) + (numba.types.int64,) * 3
         compiled = numba.njit(numba.types.int64(*sig), error_model="numpy", cache=False)(fn)
-        return CompiledLoop(compiled, consts, stack_types, carry_types, work, fn.__cgvm_source__)
+        return CompiledLoop(compiled, stack_types, carry_types, work, fn.__cgvm_source__)
 
 
 def generate(jit: ScanJit, in_types: List[TensorType]):
-    """Source lines, globals, constant arguments and stack types (row shape, dtype) of ``jit``'s
-    body for concrete per-step input types."""
+    """Source lines, globals, stack and final carry types (shape, dtype) and the work arrays (the
+    constants written in) of ``jit``'s body for concrete per-step input types."""
     body, S, C = jit.body, jit.n_seqs, jit.n_carry
     em = lc.Emitter({"np": np})
     bufs: Dict[int, lc.Buf] = {}
@@ -204,11 +203,9 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
         em.cast(dt)
         if data.ndim == 0:   # a literal: a frozen global scalar, folded by LLVM
             b: lc.Buf = _Scalar(em.const(data[()], dt), dt)
-        else:   # an argument: Numba rebuilds a global array from a pickle on every call
-            name = f"k{len(consts)}"
-            consts.append(np.array(data, copy=True))   # writable: one Numba type for every call
-            params.append(name)
-            b = lc.Buf(name, data.shape, dt)
+        else:   # in the work array (Numba would rebuild a global array from a pickle on every call)
+            b = lc.Buf(f"k{len(consts)}", data.shape, dt)
+            consts.append((b, data))
         types[id(v)] = TensorType(data.shape, dt)
         invariant.add(id(v))
         bufs[id(v)] = b
@@ -292,7 +289,7 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
     # the final carries are written into arrays the caller hands in (boxing arrays Numba made
     # costs more), the temporaries are views of work arrays allocated once per compiled loop
     params += [c.name for c in carries]
-    work = _work(temps)
+    work = _work(temps + [b for b, _ in consts])
     params += [name for name, _, _ in work]
     em.depth = 1
     checks = [f"{name}.shape[{a + (k < S)}] != {d}" for k, (name, t) in enumerate(zip(params, in_types))
@@ -314,8 +311,16 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
               f"        i = {'steps - 1 - t' if jit.go_backwards else 't'}"]
     lines += step + finish + ["    return -1"]
     carry_types = [(c.shape, c.dtype.np) for c in carries]
-    work_arrays = [np.empty(sum(max(b.size, 1) for b in bufs), dt.np) for _, dt, bufs in work]
-    return lines, em.env, consts, stack_types, carry_types, work_arrays
+    work_arrays = []
+    values = {b.name: data for b, data in consts}
+    for _, dt, bufs in work:
+        w, at = np.empty(sum(max(b.size, 1) for b in bufs), dt.np), 0
+        for b in bufs:
+            if b.name in values:   # a constant: written once, read by every call
+                w[at:at + b.size] = values[b.name].ravel()
+            at += max(b.size, 1)
+        work_arrays.append(w)
+    return lines, em.env, stack_types, carry_types, work_arrays
 
 
 def _work(temps: Sequence[lc.Buf]) -> List[Tuple[str, DType, List[lc.Buf]]]:
