@@ -248,7 +248,7 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
                         rows = min(2 * rows, active)
                         stacks = [grow(j, st, rows) for j, st in enumerate(stacks)]
                     break
-        if not stacks:  # zero steps: empty stacks shaped after the initial carries
+        if not stacks and kept:  # zero steps: empty stacks shaped after the initial carries
             stacks = [xp.zeros((0,) + inits[k].shape, inits[k].dtype) for k in _stacked(stacked, n_carry)]
             stacks += [xp.zeros((0,) + tuple(d or 0 for d in o.shape), o.dtype.np)
                        for o in body.outputs[n_carry:n_carry + n_ys]]

@@ -17,11 +17,12 @@ Numba; the scan kernel (cgvm.ops.control) then calls it instead of its Python st
 
 The generated function (its source is ``fn.__cgvm_source__``, also ``CompiledLoop.source``):
 
-    scan_loop(s0.., c0_in.., p0.., st0.., c0.., _w_<dtype>.., t0, active, steps) -> stopped_after
+    scan_loop(s0.., c0_in.., p0.., st0.., c0.., _w_<dtype>.., active, steps) -> stopped_after
 
-sequences ``s``, initial carries ``c_in`` (read), non-sequences ``p``, the stacks ``st`` (rows written by step), the arrays the final carries are written into
-``c``, one work array per dtype (the temporaries and the body's constants), and the Python loop's step range; it returns
--1 unless an ``until`` condition held (then the steps run), -2 for arrays of other shapes.
+sequences ``s``, initial carries ``c_in`` (read), non-sequences ``p``, the stacks ``st`` (rows
+written by step), the arrays the final carries are written into ``c``, one work array per dtype
+(the temporaries and the body's constants), and the Python loop's step range (0 to active); it
+returns -1 unless an ``until`` condition held (then the steps run), -2 for arrays of other shapes.
 """
 from __future__ import annotations
 
@@ -111,10 +112,11 @@ class ScanJit:
         ``new_stack(j, shape, dtype)`` allocates stack j."""
         loop = self.last
         if loop is not None:
-            stacks = [new_stack(j, (steps,) + shape, dtype) for j, (shape, dtype) in enumerate(loop.stack_types)]
+            stacks = [new_stack(j, (steps,) + shape, dtype) for j, (shape, dtype) in enumerate(loop.stack_types)] \
+                if loop.stack_types else []
             finals = [np.empty(shape, dtype) for shape, dtype in loop.carry_types]
             try:
-                stopped = loop.fn(*seqs, *inits, *nonseqs, *stacks, *finals, *loop.work, 0, active, steps)
+                stopped = loop.fn(*seqs, *inits, *nonseqs, *stacks, *finals, *loop.work, active, steps)
             except TypeError:   # other dtypes or layouts: looked up below
                 stopped = SHAPE_MISMATCH
             if stopped != SHAPE_MISMATCH:
@@ -140,7 +142,7 @@ class ScanJit:
                 self.loops[key] = loop
             stacks = [new_stack(j, (steps,) + shape, dtype) for j, (shape, dtype) in enumerate(loop.stack_types)]
             finals = [np.empty(shape, dtype) for shape, dtype in loop.carry_types]
-            stopped = loop.fn(*args, *stacks, *finals, *loop.work, 0, active, steps)
+            stopped = loop.fn(*args, *stacks, *finals, *loop.work, active, steps)
             if stopped == SHAPE_MISMATCH:
                 raise RuntimeError("the compiled loop refused the shapes it was compiled for")
         except lc.Unsupported as exc:   # this signature keeps the Python loop
@@ -161,7 +163,7 @@ class ScanJit:
         # another call's arrays are refused with a TypeError rather than compiled again
         stacks = [new_stack(j, (steps,) + shape, dtype) for j, (shape, dtype) in enumerate(stack_types)]
         finals = [np.empty(shape, dtype) for shape, dtype in carry_types]
-        sig = tuple(numba.typeof(a) for a in (*args, *stacks, *finals, *work)) + (numba.types.int64,) * 3
+        sig = tuple(numba.typeof(a) for a in (*args, *stacks, *finals, *work)) + (numba.types.int64,) * 2
         compiled = numba.njit(numba.types.int64(*sig), error_model="numpy", cache=False)(fn)
         return CompiledLoop(compiled, stack_types, carry_types, work, fn.__cgvm_source__)
 
@@ -215,8 +217,17 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
     prologue: List[str] = []   # invariant nodes: computed once, before the loop
     step: List[str] = []
     n_buf = 0
+    # values something reads for more than their shape (a gradient's ones_like reads the forward
+    # value's shape alone): the nodes computing nothing else are typed, never run
+    wanted = {id(v) for v in body.outputs}
+    for node in reversed(body.nodes):
+        if any(id(o) in wanted for o in node.outputs):
+            wanted.update(id(v) for k, v in enumerate(node.inputs) if not node.op.reads_only_shape(k))
     for node in body.nodes:
-        ins = [operand(v) for v in node.inputs]
+        run = any(id(o) in wanted for o in node.outputs)   # else typed only: a later node reads its shape
+        for v in node.inputs:
+            if v.kind == CONST:
+                operand(v)
         in_types_ = [types[id(v)] for v in node.inputs]
         try:
             out_types = node.op.infer(in_types_, node.attrs)
@@ -226,6 +237,10 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
             if None in t.shape:
                 raise lc.Unsupported(f"{node.op.name} gives a shape known only at run time")
             types[id(o)] = t
+        if not run:
+            continue
+        ins = [bufs[id(v)] if id(v) in bufs else lc.Buf("unread", types[id(v)].shape, types[id(v)].dtype)
+               for v in node.inputs]   # an input only a shape is read of may have no buffer
         if len(node.outputs) == 1 and node.op.is_identity(in_types_, out_types[0]):
             bufs[id(node.outputs[0])] = ins[0]
             if id(node.inputs[0]) in invariant:
@@ -306,8 +321,8 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
             at += n
     for c in carries:
         lc.copy(em, lc.Buf(f"{c.name}_in", c.shape, c.dtype), c)
-    lines = [f"def scan_loop({', '.join(params + ['t0', 'active', 'steps'])}):"] + em.lines + prologue
-    lines += ["    for t in range(t0, active):",
+    lines = [f"def scan_loop({', '.join(params + ['active', 'steps'])}):"] + em.lines + prologue
+    lines += ["    for t in range(active):",
               f"        i = {'steps - 1 - t' if jit.go_backwards else 't'}"]
     lines += step + finish + ["    return -1"]
     carry_types = [(c.shape, c.dtype.np) for c in carries]
