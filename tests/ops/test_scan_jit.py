@@ -12,6 +12,7 @@ from cgvm.errors import ConfigError
 from cgvm.ir import Graph, TensorType, input_value
 from cgvm.ops import control as C
 from cgvm.ops import elementwise as E
+from cgvm.ops import indexing as I
 from cgvm.ops import linalg as L
 from cgvm.ops import loop_code as lc
 from cgvm.ops import reduce as R
@@ -293,6 +294,31 @@ def test_reductions_reshapes_and_broadcasts_in_a_body(jit_now, monkeypatch):
         np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(got[0], h, rtol=1e-12)
     np.testing.assert_allclose(got[1], ys, rtol=1e-12)
+    assert scan_jits(f)[0].last is not None, scan_jits(f)[0].why
+
+
+def test_slices_and_subtensor_updates_in_a_body(jit_now, monkeypatch):
+    """A window of a carry (negative step), and a region of it set and incremented."""
+    def build():
+        h = tensor("h", 4, 6)
+        window = I.slice(h, starts=(1, 5), stops=(3, 0), steps=(1, -2), axes=(0, 1))     # h[1:3, 5:0:-2]
+        grown = I.inc_subtensor(h, E.tanh(window), starts=(2, 1), stops=(4, 7), steps=(1, 2), axes=(0, 1))
+        nh = I.set_subtensor(grown, 0.5, starts=(0,), stops=(1,), axes=(0,))
+        H = tensor("H", 4, 6)
+        return cgvm.compile([H], list(C.scan(H, body=Graph([h], [nh], name="win"), n_carry=1, n_steps=3)))
+
+    f, python = compiled_both(monkeypatch, build)
+    h0 = np.random.default_rng(5).standard_normal((4, 6))
+    got, ref = f(h0), python(h0)
+    h, hs = h0, []
+    for _ in range(3):
+        h = h.copy()
+        h[2:4, 1:7:2] += np.tanh(h[1:3, 5:0:-2])
+        h[0:1] = 0.5
+        hs.append(h)
+    for g, r, w in zip(got, ref, (h, np.stack(hs))):
+        np.testing.assert_allclose(g, r, rtol=1e-12)
+        np.testing.assert_allclose(g, w, rtol=1e-12)
     assert scan_jits(f)[0].last is not None, scan_jits(f)[0].why
 
 
