@@ -55,10 +55,14 @@ class Buf:
     """A value inside the generated loop: its source ``name``, concrete ``shape`` and ``dtype``.
     ``lead`` indexes it first (a sequence's row ``i``, a stack's row ``t``)."""
 
-    __slots__ = ("name", "shape", "dtype", "lead")
+    __slots__ = ("name", "shape", "dtype", "lead", "flat")
 
-    def __init__(self, name: str, shape: Sequence[int], dtype: DType, lead: Optional[str] = None):
+    def __init__(self, name: str, shape: Sequence[int], dtype: DType, lead: Optional[str] = None,
+                 flat: bool = False):
         self.name, self.shape, self.dtype, self.lead = name, tuple(int(d) for d in shape), dtype, lead
+        # flat: a C-ordered run of a 1-D array, indexed by constant strides (which LLVM folds into
+        # the addresses; a shaped view's strides are values it reads at run time)
+        self.flat = flat
 
     @property
     def ndim(self) -> int:
@@ -70,6 +74,10 @@ class Buf:
 
     def at(self, idx: Sequence[str]) -> str:
         """The element at index expressions ``idx`` (one per axis)."""
+        if self.flat:
+            terms = [f"({i}) * {int(np.prod(self.shape[k + 1:], dtype=np.int64))}" if k + 1 < len(idx) else f"({i})"
+                     for k, i in enumerate(idx)]
+            return f"{self.name}[{' + '.join(terms) or '0'}]"
         parts = ([self.lead] if self.lead else []) + list(idx)
         return f"{self.name}[{', '.join(parts)}]" if parts else f"{self.name}[()]"
 

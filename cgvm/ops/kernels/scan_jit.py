@@ -206,7 +206,7 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
         if data.ndim == 0:   # a literal: a frozen global scalar, folded by LLVM
             b: lc.Buf = _Scalar(em.const(data[()], dt), dt)
         else:   # in the work array (Numba would rebuild a global array from a pickle on every call)
-            b = lc.Buf(f"k{len(consts)}", data.shape, dt)
+            b = lc.Buf(f"k{len(consts)}", data.shape, dt, flat=True)
             consts.append((b, data))
         types[id(v)] = TensorType(data.shape, dt)
         invariant.add(id(v))
@@ -249,7 +249,7 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
         outs = []
         for o, t in zip(node.outputs, out_types):
             n_buf += 1
-            b = lc.Buf(f"b{n_buf}", t.shape, t.dtype)
+            b = lc.Buf(f"b{n_buf}", t.shape, t.dtype, flat=True)
             temps.append(b)
             bufs[id(o)] = b
             outs.append(b)
@@ -284,7 +284,7 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
     news = []
     for k, o in enumerate(outs[:C]):
         if o.name in carry_names:
-            tmp = lc.Buf(f"n{k}", o.shape, o.dtype)
+            tmp = lc.Buf(f"n{k}", o.shape, o.dtype, flat=True)
             temps.append(tmp)
             lc.copy(em, o, tmp)
             o = tmp
@@ -317,7 +317,7 @@ def generate(jit: ScanJit, in_types: List[TensorType]):
         at = 0
         for b in bufs:
             n = max(b.size, 1)
-            em.line(f"{b.name} = {name}[{at}:{at + n}].reshape({b.shape!r})")
+            em.line(f"{b.name} = {name}[{at}:{at + n}]")
             at += n
     for c in carries:
         lc.copy(em, lc.Buf(f"{c.name}_in", c.shape, c.dtype), c)
