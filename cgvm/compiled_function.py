@@ -38,6 +38,7 @@ class SubgraphRuntime:
         self.debug = debug
         self.plan, self.inplace = plan, inplace
         self._cache: Dict[int, Any] = {}
+        self._optimized: Dict[int, Any] = {}
 
     def stages(self, copied_outputs: Sequence[int] = (), recyclable: Sequence[int] = (),
                update_positions: Optional[Sequence[int]] = None):
@@ -49,6 +50,16 @@ class SubgraphRuntime:
                                      update_positions=update_positions)
         return prepare
 
+    def optimized(self, graph: Graph) -> Graph:
+        """``graph`` after the pipeline's passes, as ``compile`` runs it (computed once per graph):
+        what the compiled loop tier (cgvm.ops.kernels.scan_jit) writes as Numba code."""
+        hit = self._optimized.get(id(graph))
+        if hit is not None and hit[0] is graph:
+            return hit[1]
+        done = run_passes(graph, debug=self.debug)
+        self._optimized[id(graph)] = (graph, done)
+        return done
+
     def compile(self, graph: Graph, copied_outputs: Sequence[int] = ()):
         """A runner for ``graph``. ``copied_outputs``: positions of outputs the caller copies as
         soon as it gets them (a loop's stacked per-step outputs), which may then be one array."""
@@ -56,7 +67,7 @@ class SubgraphRuntime:
         hit = self._cache.get(key)
         if hit is not None and hit[0] is graph:
             return hit[1]
-        program = generate(run_passes(graph, debug=self.debug))
+        program = generate(self.optimized(graph))
         exe = Executable(program, self.workspace, prepare=self.stages(tuple(copied_outputs)), runtime=self,
                          engine=self.engine)
         self._cache[key] = (graph, exe)

@@ -24,7 +24,6 @@ from ..ir.builder import apply
 from ..ir.graph import CONST, Graph, Node, Value
 from ..ir.types import DType
 from ..ops import fused as F
-from ..ops.registry import BROADCAST, ELEMWISE
 from ..ops.rules import broadcast_shapes
 from .rewrite import rewrite
 
@@ -39,16 +38,11 @@ def lower(node: Node) -> Optional[Steps]:
     Only a lowering's first step reads the node's inputs; later steps read ``acc``, so the
     lowering is correct when its input is the chain's accumulator.
     """
-    op = node.op
-    if len(node.outputs) != 1 or op.pattern not in (ELEMWISE, BROADCAST) or op.stateful:
-        return None
-    if node.outputs[0].dtype.name not in F.FUSIBLE_DTYPES:
+    if len(node.outputs) != 1 or node.outputs[0].dtype.name not in F.FUSIBLE_DTYPES:
         # storage formats (bfloat16, float8, int4 ... from ml_dtypes) run op by op, each result rounded
         # to the format as the IR interpreter does; fused programs have no literals of them either
         return None
-    if op.ufunc in F.UFUNC_ARITY and not node.attrs and F.UFUNC_ARITY[op.ufunc] == len(node.inputs):
-        return [(op.ufunc, tuple(range(len(node.inputs))))]
-    return op.lower(node)   # the op's own @op.lowering (relu, sigmoid, rsqrt, clip ...)
+    return node.op.elementwise_steps(node)   # its ufunc, or its own @op.lowering (relu, sigmoid, clip ...)
 
 
 # --------------------------------------------------------------------------- chain discovery

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence
 
+import numpy as np
+
 from ..errors import GradientError, ShapeError
 from ..ir.attrs import Bool, GraphAttr, Int, Ints
 from ..ir.builder import rebuild
@@ -36,6 +38,7 @@ from . import shape as shp
 from .registry import OPAQUE, defop, subgraph_gradients
 from .scan_plumbing import pad_steps_like, reverse, shift_in
 from ..pycode import define
+from .kernels import scan_jit
 from .kernels.scratch import aligned, aligned_empty, sole_reference
 
 
@@ -178,10 +181,20 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
     gemm_read = {id(v) for n in body.nodes if n.op.runs_gemm for v in n.inputs}
     realign = [k for k, v in enumerate(body.inputs[n_seqs + n_carry:]) if id(v) in gemm_read]
 
+    # the compiled loop tier: only where the runtime hands out the optimized body (the VM's; the
+    # reference interpreter runs every node itself) and arrays are NumPy's
+    hot = scan_jit.hot_threshold() if xp is np else None
+    optimized = getattr(runtime, "optimized", None)
+    jit = None if hot is None or optimized is None else scan_jit.ScanJit(
+        optimized(body), n_seqs=n_seqs, n_carry=n_carry, kept=kept, go_backwards=go_backwards,
+        has_until=has_until, seq_order=seq_order, hot=hot)
+
+    n_sc = n_seqs + n_carry
+
     def scan_kernel(*inputs):
-        seqs, inits, rest = split_sizes(inputs, n_seqs, n_carry)
-        nonseqs = list(rest[:-1] if dyn_steps else rest)
-        steps = int(rest[-1]) if dyn_steps else n_steps
+        seqs, inits = inputs[:n_seqs], inputs[n_seqs:n_sc]
+        nonseqs = list(inputs[n_sc:-1] if dyn_steps else inputs[n_sc:])
+        steps = int(inputs[-1]) if dyn_steps else n_steps
         if steps is None:
             if not seqs:
                 raise ValueError("scan without sequences needs n_steps")
@@ -190,9 +203,6 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
             raise ValueError(f"scan: n_steps={steps} but a sequence has only "
                              f"{min(s.shape[0] for s in seqs)} entries")
         active = steps if truncate < 0 else min(steps, truncate)
-        if active >= REALIGN_MIN_STEPS:
-            for k in realign:
-                nonseqs[k] = aligned(xp, nonseqs[k])
         # a loop that may stop early (a while loop: until, no sequences) stacks into rows that grow
         # as it runs, so a bound far above the steps taken (or none: the largest int64) costs nothing
         growing = has_until and not seqs and not go_backwards and not seq_order
@@ -200,60 +210,74 @@ def _(xp, runtime, body, n_seqs, n_carry, go_backwards, has_until, n_steps, dyn_
         carries = list(inits)
         stacks: List[Any] = []
         done = steps
-        step = None
         t = -1
-        for t in range(active):
-            i = steps - 1 - t if go_backwards else t
-            args = [s[i] for s in seqs] + carries + nonseqs
-            if step is None:
-                res = run(args)
-                if all(r.shape == c.shape for r, c in zip(res, carries)):
-                    step = run.prepare(args)  # the step's shapes are fixed from now on: skip the look-up
-                if not stacks:
-                    stacks = [new_stack(j, (rows,) + res[k].shape, res[k].dtype) for j, k in enumerate(kept)]
-            else:
-                res = step(*args)
-            if growing and t >= rows:
-                rows = min(2 * rows, active)
-                stacks = [grow(j, st, rows) for j, st in enumerate(stacks)]
-            for st, k in zip(stacks, kept):
-                st[i if seq_order else t] = res[k]
-            carries = list(res[:n_carry])
-            if has_until and bool(res[-1]):
-                done = t + 1
-                break
-            if step is not None and t + 1 < active:   # fixed shapes: the rest runs in straight-line code
-                while True:
-                    carries, stopped, t = steady(step, seqs, carries, nonseqs, stacks, t + 1, min(active, rows),
-                                                 steps)
-                    if stopped is not None:
-                        done = stopped
-                        break
-                    if t + 1 >= active:
-                        break
+        # the compiled tier (cgvm.ops.kernels.scan_jit): every step in one Numba call, once hot
+        ran = jit.run(seqs, inits, nonseqs, active, steps, new_stack) if jit is not None and active and not growing \
+            else None
+        if ran is not None:
+            carries, stacks, stopped = ran
+            t = active - 1 if stopped < 0 else stopped - 1
+            if stopped >= 0:
+                done = stopped
+        else:
+            if active >= REALIGN_MIN_STEPS:
+                for k in realign:
+                    nonseqs[k] = aligned(xp, nonseqs[k])
+            step = None
+            for t in range(active):
+                i = steps - 1 - t if go_backwards else t
+                args = [s[i] for s in seqs] + carries + nonseqs
+                if step is None:
+                    res = run(args)
+                    if all(r.shape == c.shape for r, c in zip(res, carries)):
+                        step = run.prepare(args)  # the step's shapes are fixed from now on: skip the look-up
+                    if not stacks:
+                        stacks = [new_stack(j, (rows,) + res[k].shape, res[k].dtype) for j, k in enumerate(kept)]
+                else:
+                    res = step(*args)
+                if growing and t >= rows:
                     rows = min(2 * rows, active)
                     stacks = [grow(j, st, rows) for j, st in enumerate(stacks)]
-                break
-        if not stacks:  # zero steps: empty stacks shaped after the initial carries
+                for st, k in zip(stacks, kept):
+                    st[i if seq_order else t] = res[k]
+                carries = list(res[:n_carry])
+                if has_until and bool(res[-1]):
+                    done = t + 1
+                    break
+                if step is not None and t + 1 < active:   # fixed shapes: the rest runs in straight-line code
+                    while True:
+                        carries, stopped, t = steady(step, seqs, carries, nonseqs, stacks, t + 1, min(active, rows),
+                                                     steps)
+                        if stopped is not None:
+                            done = stopped
+                            break
+                        if t + 1 >= active:
+                            break
+                        rows = min(2 * rows, active)
+                        stacks = [grow(j, st, rows) for j, st in enumerate(stacks)]
+                    break
+        if not stacks and kept:  # zero steps: empty stacks shaped after the initial carries
             stacks = [xp.zeros((0,) + inits[k].shape, inits[k].dtype) for k in _stacked(stacked, n_carry)]
             stacks += [xp.zeros((0,) + tuple(d or 0 for d in o.shape), o.dtype.np)
                        for o in body.outputs[n_carry:n_carry + n_ys]]
         written = t + 1
         if growing and done == steps:   # ran every step: the rows are exactly the steps
             done = written
-        for st in stacks:   # steps not run (truncate) read as zeros
-            if flipped:
-                st[:steps - written] = 0
-            else:
-                st[written:] = 0
+        if written < (stacks[0].shape[0] if stacks else 0):
+            for st in stacks:   # steps not run (truncate) read as zeros
+                if flipped:
+                    st[:steps - written] = 0
+                else:
+                    st[written:] = 0
         if active < steps:
             for k in range(min(reset_carries, n_carry)):
                 carries[k] = xp.zeros_like(carries[k])
         if done < steps or (growing and stacks and stacks[0].shape[0] != done):
             stacks = [st[steps - done:] if flipped else st[:done] for st in stacks]
-        finals = [c if isinstance(c, xp.ndarray) else xp.asarray(c) for c in carries]
-        results = tuple(finals) + tuple(stacks)
+        finals = carries if ran is not None else [c if isinstance(c, xp.ndarray) else xp.asarray(c) for c in carries]
+        results = (*finals, *stacks)
         return results[0] if len(results) == 1 else results  # one output: the VM stores it as is
+    scan_kernel.jit = jit   # the tier's state, for tests and inspection (None: off)
     return scan_kernel
 
 

@@ -23,6 +23,7 @@ from . import reduce as red
 from . import shape as shp
 from .registry import BROADCAST, ELEMWISE, defop, same_type_as_input
 from .rules import assign_out as _assign, broadcast_shapes
+from . import loop_code as lc
 from .ufunc_steps import ACC, float_in_and_out, lit
 
 # --------------------------------------------------------------------------- helpers
@@ -367,6 +368,17 @@ def _(xp, dtype):
         out[...] = x
         return out
     return cast_kernel
+
+
+@cast.numba_lowering
+def _(node, em, ins, outs):
+    # a float to an integer or bool converts as C does, not as NumPy's astype: only widening,
+    # narrowing between floats and integer to float are written
+    src, dst = ins[0].dtype, outs[0].dtype
+    if not dst.is_float and src.is_float:
+        return False
+    lc.copy(em, ins[0], outs[0]) if src is dst else lc.elementwise(em, [("positive", (0,))], ins, outs[0])
+    return None
 
 
 @cast.grad

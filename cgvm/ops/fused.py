@@ -49,6 +49,7 @@ from .conv_geometry import ConvGeometry
 from .kernels.conv_im2col import conv_forward, conv_forward_scratch
 from . import elementwise as ew
 from . import linalg as la
+from . import loop_code as lc
 from .registry import OPAQUE, defop
 from .rules import broadcast_shapes
 from .ufunc_steps import ACC, LIT, UFUNC_ARITY, Operand, Program, Step, is_literal, lit  # noqa: F401
@@ -375,3 +376,21 @@ def _(xp, x, w, b=None, *, act, stride, pad, dilation, groups, out=None, scratch
 def _(types, *, act, stride, pad, dilation, groups):
     return conv_forward_scratch(types, stride, pad, dilation, groups)
 
+
+
+# --------------------------------------------------------------------------- Numba lowerings
+# how fused ops run inside a compiled loop (cgvm.ops.loop_code): the chain element by element in
+# a register, the product as loops finished by its bias and activation
+
+@fused_elementwise.numba_lowering
+def _(node, em, ins, outs):
+    lc.elementwise(em, node.attrs["program"], ins, outs[0])
+
+
+@gemm_bias_act.numba_lowering
+def _(node, em, ins, outs):
+    a, out = node.attrs, outs[0]
+    bias = ins[2]
+    lc.product(em, ins[0], ins[1], out, a["trans_a"], a["trans_b"],
+               epilogue=lambda acc, idx: lc.activation(em, a["act"], f"{acc} + {bias.at_broadcast(idx, out.shape)}",
+                                                      out.dtype))

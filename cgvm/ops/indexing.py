@@ -17,6 +17,7 @@ from ..ir.attrs import DTypeAttr, Float, Int, Ints, Str
 from ..ir.types import TensorType, float32
 from . import reduce as red
 from . import shape as shp
+from . import loop_code as lc
 from .registry import OPAQUE, defop
 from .rules import Dim, broadcast_shapes, normalize_axis
 
@@ -532,3 +533,41 @@ def _(node, g):
     gv = advanced_index(g, *indices)
     gx = advanced_set(g, shp.zeros_like(gv), *indices)
     return [gx, red.sum_to_like(gv, val) if gv.shape != val.shape or None in val.shape else gv] + [None] * len(indices)
+
+
+# --------------------------------------------------------------------------- Numba lowerings
+# how slicing runs inside a compiled loop (cgvm.ops.loop_code): the region's elements by index
+
+def _region_index(attrs: Dict[str, Any], shape: Sequence[int], idx: Sequence[str]) -> List[str]:
+    """Source indices into an array of ``shape`` of element ``idx`` of its sliced region."""
+    spec = slice_spec(len(shape), **attrs)
+    out = []
+    for a, i in enumerate(idx):
+        if a in spec:
+            start, _, step = spec[a].indices(shape[a])
+            out.append(f"{start} + {i} * {step}")
+        else:
+            out.append(i)
+    return out
+
+
+@slice.numba_lowering
+def _(node, em, ins, outs):
+    x, out = ins[0], outs[0]
+    with em.loops(out.shape) as idx:
+        em.line(f"{out.at(idx)} = {x.at(_region_index(node.attrs, x.shape, idx))}")
+
+
+def _lower_subtensor(increment: bool):
+    def lower(node, em, ins, outs):
+        (x, y), out = ins, outs[0]
+        lc.copy(em, x, out)
+        region = _slice_type(TensorType(x.shape, x.dtype), node.attrs).shape
+        with em.loops(region) as idx:
+            target = out.at(_region_index(node.attrs, x.shape, idx))
+            em.line(f"{target} {'+=' if increment else '='} {y.at_broadcast(idx, region)}")
+    return lower
+
+
+set_subtensor.numba_lowering(_lower_subtensor(False))
+inc_subtensor.numba_lowering(_lower_subtensor(True))

@@ -21,6 +21,7 @@ from ..backend import blas
 from . import elementwise as ew
 from . import reduce as red
 from . import shape as shp
+from . import loop_code as lc
 from .registry import OPAQUE, defop
 from .rules import Dim, broadcast_shapes, normalize_axis
 
@@ -352,3 +353,22 @@ def batched_dot(a: Any, b: Any) -> Value:
 def _values(*xs: Any) -> List[Value]:
     like: Optional[Value] = next((x for x in xs if isinstance(x, Value)), None)
     return [as_value(x, like) for x in xs]
+
+
+# --------------------------------------------------------------------------- Numba lowerings
+# how products run inside a compiled loop (cgvm.ops.loop_code): small ones as loops, larger
+# ones keep the loop in Python, where BLAS does them
+
+@matmul.numba_lowering
+def _(node, em, ins, outs):
+    lc.product(em, ins[0], ins[1], outs[0])
+
+
+@gemm.numba_lowering
+def _(node, em, ins, outs):
+    a = node.attrs
+    alpha, beta = em.const(a["alpha"], outs[0].dtype), em.const(a["beta"], outs[0].dtype)
+    c = ins[2] if len(ins) == 3 else None
+    lc.product(em, ins[0], ins[1], outs[0], a["trans_a"], a["trans_b"],
+               epilogue=lambda acc, idx: f"{alpha} * {acc}" + (f" + {beta} * {c.at_broadcast(idx, outs[0].shape)}"
+                                                               if c is not None else ""))

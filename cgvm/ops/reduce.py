@@ -17,6 +17,7 @@ from ..ir.graph import Value
 from ..ir.types import DType, TensorType, float64, int64
 from . import elementwise as ew
 from . import shape as shp
+from . import loop_code as lc
 from .registry import OPAQUE, defop, same_type_as_input
 from .rules import normalize_axes, normalize_axis, prod_dims, reduce_shape
 
@@ -424,3 +425,31 @@ def _assign_reshaped(out, value):
 def _(node, gg):
     return [shp.broadcast_like(gg, node.inputs[0]), None]
 
+
+
+# --------------------------------------------------------------------------- Numba lowerings
+# how reductions run inside a compiled loop (cgvm.ops.loop_code)
+
+def _lower_reduction(kind: str, mean: bool = False):
+    def lower(node, em, ins, outs):
+        x, out = ins[0], outs[0]
+        axes = normalize_axes(node.attrs["axis"], x.ndim)
+        lc.reduce(em, x, out, axes, node.attrs["keepdims"], kind)
+        if mean:
+            n = em.const(prod_dims([x.shape[a] for a in axes]), out.dtype)
+            cast = em.cast(out.dtype)
+            with em.loops(out.shape) as idx:
+                em.line(f"{out.at(idx)} = {cast}({out.at(idx)} / {n})")
+    return lower
+
+
+sum.numba_lowering(_lower_reduction("sum"))
+mean.numba_lowering(_lower_reduction("sum", mean=True))
+prod.numba_lowering(_lower_reduction("prod"))
+max.numba_lowering(_lower_reduction("max"))
+min.numba_lowering(_lower_reduction("min"))
+
+
+@sum_to_like.numba_lowering
+def _(node, em, ins, outs):
+    lc.sum_to(em, ins[0], outs[0])

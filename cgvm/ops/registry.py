@@ -32,6 +32,8 @@ and never tests its name:
     @op.over_steps         fn(node, stepped) -> attributes with which the op computes every step of a
                            loop at once when the inputs flagged in ``stepped`` gain a leading axis of
                            steps (the others loop-invariant), or None (loop push-out)
+    @op.numba_lowering     fn(node, em, ins, outs) -> False | None: the op as Numba source inside a
+                           compiled loop (cgvm.ops.loop_code); elementwise ops with ufunc steps need none
 
 Calling an OpDef builds a node: ``relu(x, negative_slope=0.1)``.
 """
@@ -42,6 +44,7 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 from ..ir.builder import apply
 from ..ir.opschema import OPS, OpSchema, get_op
+from .ufunc_steps import UFUNC_ARITY
 
 # Fusion patterns (as NNVM/TVM name them): the ones a pass reads. Elementwise fusion, loop
 # push-out and transpose sinking take ELEMWISE and BROADCAST ops; everything else is OPAQUE.
@@ -57,6 +60,7 @@ GradFn = Callable[..., Sequence[Any]]
 ScratchFn = Callable[..., Union[int, Sequence[int]]]
 IdentityFn = Callable[[Sequence[Any], Any], bool]         # (input types, output type) -> bool
 LoweringFn = Callable[[Any], Optional[List[Tuple[str, tuple]]]]   # node -> ufunc steps or None
+NumbaLoweringFn = Callable[..., Optional[bool]]   # (node, emitter, input bufs, output bufs) -> False: unsupported
 EpilogueAttrsFn = Callable[[Any, str], Optional[Dict[str, Any]]]  # (node, activation) -> attrs or None
 OverStepsFn = Callable[[Any, Tuple[bool, ...]], Optional[Dict[str, Any]]]  # (node, stepped) -> attrs or None
 
@@ -102,6 +106,7 @@ class OpDef(OpSchema):
         self._activation = activation
         self._identity_when: Optional[IdentityFn] = None
         self._lowering: Optional[LoweringFn] = None
+        self.numba_code: Optional[NumbaLoweringFn] = None   # set by @op.numba_lowering
         self.epilogue: Optional[Epilogue] = None   # set by @op.epilogue_into
         self._over_steps: Optional[OverStepsFn] = None
         self._may_alias: Optional[Callable[[Any], Sequence[Sequence[int]]]] = None
@@ -158,6 +163,14 @@ class OpDef(OpSchema):
         self._lowering = fn
         return fn
 
+    def numba_lowering(self, fn: NumbaLoweringFn) -> NumbaLoweringFn:
+        """``fn(node, em, ins, outs) -> False | None``: write the node as Numba source through the
+        emitter ``em`` (cgvm.ops.loop_code), reading the buffers ``ins`` and filling ``outs`` (concrete
+        shapes); False where it cannot for these types. Used by the compiled loop tier
+        (cgvm.ops.kernels.scan_jit); elementwise ops that have ufunc steps are covered without one."""
+        self.numba_code = fn
+        return fn
+
     def epilogue_into(self, fused: "OpDef", *, bias_after: Optional["OpDef"] = None
                       ) -> Callable[[EpilogueAttrsFn], EpilogueAttrsFn]:
         """``@master.epilogue_into(fused_op, bias_after=add)`` on ``fn(node, act) -> attrs | None``: the
@@ -207,6 +220,16 @@ class OpDef(OpSchema):
     def lower(self, node: Any) -> Optional[List[Tuple[str, tuple]]]:
         """The node as ufunc steps for a fused chain (None: the op has no lowering here)."""
         return None if self._lowering is None else self._lowering(node)
+
+    def elementwise_steps(self, node: Any) -> Optional[List[Tuple[str, tuple]]]:
+        """The node as ufunc steps over its input positions, or None: a one-ufunc op without
+        attributes is its ufunc, another elementwise op has its ``@lowering`` (or none). The one
+        rule fusion (cgvm.compiler.fuse) and the compiled loop tier read."""
+        if len(node.outputs) != 1 or self.pattern not in (ELEMWISE, BROADCAST) or self.stateful:
+            return None
+        if self.ufunc in UFUNC_ARITY and not node.attrs and UFUNC_ARITY[self.ufunc] == len(node.inputs):
+            return [(self.ufunc, tuple(range(len(node.inputs))))]
+        return self.lower(node)
 
     def is_nonnegative(self, node: Any) -> bool:
         """Whether no element of ``node``'s result is ever negative."""

@@ -19,6 +19,7 @@ from ..ir.attrs import AttrKind, DTypeAttr, Float, Int, Ints
 from ..ir.graph import Value
 from ..ir.types import TensorType, int64, shape_str
 from . import reduce as red
+from . import loop_code as lc
 from .registry import OPAQUE, defop, same_type_as_input
 from .rules import Dim, broadcast_shapes, normalize_axes, normalize_axis, over_steps_along, prod_dims
 
@@ -413,3 +414,37 @@ def _filler(fill):
 zeros_like.kernel_factory(_filler(0))
 ones_like.kernel_factory(_filler(1))
 full_like.kernel_factory(_filler(None))
+
+
+# --------------------------------------------------------------------------- Numba lowerings
+# how these ops run inside a compiled loop (cgvm.ops.loop_code): every result is its own buffer
+# there, so views are copies of a few elements
+
+def _lower_reshaped(node, em, ins, outs):
+    lc.reshape(em, ins[0], outs[0])
+
+
+def _lower_broadcast(node, em, ins, outs):
+    lc.copy(em, ins[0], outs[0])
+
+
+for _op in (expand_dims, squeeze, reshape, reshape_dyn, reshape_like, flatten):
+    _op.numba_lowering(_lower_reshaped)
+for _op in (broadcast_like, broadcast_to, contiguous):
+    _op.numba_lowering(_lower_broadcast)
+
+
+@transpose.numba_lowering
+def _(node, em, ins, outs):
+    lc.transpose(em, ins[0], outs[0], _transpose_perm(node.attrs["perm"], ins[0].ndim))
+
+
+def _lower_fill(value):
+    def lower(node, em, ins, outs):
+        lc.fill(em, outs[0], node.attrs["value"] if value is None else value)
+    return lower
+
+
+zeros_like.numba_lowering(_lower_fill(0))
+ones_like.numba_lowering(_lower_fill(1))
+full_like.numba_lowering(_lower_fill(None))
