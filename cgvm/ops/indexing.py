@@ -25,6 +25,16 @@ from .rules import Dim, broadcast_shapes, normalize_axis
 _py_slice = builtins.slice
 
 
+def _copy_of(x: Any, out: Any) -> Any:
+    """``x`` written into ``out`` (a new copy without one; nothing to do where out is x itself)
+    for the kernels that return x with some elements changed."""
+    if out is None:
+        return x.copy()
+    if out is not x:
+        out[...] = x
+    return out
+
+
 def _require_int(t: TensorType, what: str) -> None:
     if not t.dtype.is_int:
         raise DTypeError(f"{what} must be an integer tensor, got {t!r}")
@@ -288,10 +298,7 @@ take_add = defop("take_add", num_inputs=3, pattern=OPAQUE, inplace=((0, 0),), at
 
 @take_add.kernel
 def _(xp, x, g, indices, *, axis, out=None):
-    if out is None:
-        out = x.copy()
-    elif out is not x:
-        out[...] = x
+    out = _copy_of(x, out)
     scatter_add(xp, out, (_py_slice(None),) * (axis % x.ndim) + (indices,), g)
     return out
 
@@ -495,10 +502,7 @@ take_set = defop("take_set", num_inputs=3, pattern=OPAQUE, attrs={"axis": Int(0)
 
 @take_set.kernel
 def _(xp, x, val, idx, *, axis, out=None):
-    if out is None:
-        out = x.copy()
-    elif out is not x:
-        out[...] = x
+    out = _copy_of(x, out)
     out[(_py_slice(None),) * (axis % x.ndim) + (idx,)] = val
     return out
 
@@ -519,10 +523,7 @@ advanced_set = defop("advanced_set", num_inputs=(3, None), pattern=OPAQUE,
 
 @advanced_set.kernel
 def _(xp, x, val, *indices, out=None):
-    if out is None:
-        out = x.copy()
-    elif out is not x:
-        out[...] = x
+    out = _copy_of(x, out)
     out[tuple(indices)] = val
     return out
 
