@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .harness import machine, measure, table
+from .harness import machine, measure, steady_allocator, table
 
 
 def main(argv=None) -> int:
@@ -12,6 +12,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--only", default=None, help="run rows whose name contains this text")
     args = ap.parse_args(argv)
+    steady = steady_allocator()
     from . import caffe_nets, core, keras_rows, onnx_rows, resnet_row, theano_rows
 
     rows = (core.rows(quick=args.quick) + theano_rows.rows(quick=args.quick) + caffe_nets.rows(quick=args.quick)
@@ -23,7 +24,8 @@ def main(argv=None) -> int:
         measure(r)
         done.append(r)
         print(f"done: {r.name}", file=sys.stderr)
-    print(f"Machine: {machine()}\n")
+    print(f"Machine: {machine()}" + (", glibc mmap threshold 64 MiB (benchmarks.harness.steady_allocator)"
+                                      if steady else "") + "\n")
     print(table(done))
     from . import memory
 

@@ -1,6 +1,7 @@
 """Timing harness: peers measured interleaved in one run, medians compared as ratios."""
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import platform
@@ -33,6 +34,30 @@ class Row:
 #: hold a core the next one's threads need (cgvm's MLP step measured 3.5 ms alone, 6.7 ms right
 #: after PyTensor's, on 2 cores with 2 threads)
 SETTLE_S = 0.2
+
+
+#: glibc mallopt parameters: M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: allocations up to this size come from the heap, not from fresh mmap'd pages
+STEADY_MMAP_BYTES = 64 << 20
+
+
+def steady_allocator() -> bool:
+    """Make every peer's large temporaries come from reused heap memory (glibc only; True if set).
+
+    glibc serves an allocation above its mmap threshold (128 KiB at start) with fresh pages, which
+    the kernel zero-fills on first touch, and raises the threshold only after such a block is
+    freed. So a library whose step allocates megabytes (PyTorch's autograd does, cgvm's planned
+    buffers do not) runs at two speeds in one process: its Keras-CNN step measured 13-14 ms with
+    2,800 page faults a step, 9.5 ms with 55 once the threshold had risen, and which one a row
+    got depended on what ran before it. Fixing the thresholds up front gives every peer the fast
+    steady state from the first call."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, STEADY_MMAP_BYTES)) and \
+            bool(libc.mallopt(_M_TRIM_THRESHOLD, 4 * STEADY_MMAP_BYTES))
+    except (OSError, AttributeError):
+        return False
 
 
 def measure(row: Row) -> Row:

@@ -30,6 +30,7 @@ import numpy as np
 from ..errors import ShapeError
 from ..ir.attrs import Bool, Ints
 from ..ir.types import TensorType, int64
+from .kernels import pool_native as native
 from .kernels import pool_tiled as tiled
 from .kernels.pool_windows import (PoolGeometry, chunked_max_grad, lowest_value, pad_to_extent, scatter_windows,
                            separable_pool, store_into, window_argmax)
@@ -116,6 +117,8 @@ def _(xp, x, *, kernel, stride, pad, ceil_mode, dilation=(1,), return_mask, out=
         return best, _flat_mask(xp, index, x.shape[2:], out_sizes, geo)
     out_sizes = geo.out_sizes(x.shape[2:])
     target = xp.empty(x.shape[:2] + out_sizes, dtype=x.dtype) if out is None else out
+    if native.pool_forward(xp, x, geo, target, lowest_value(x.dtype)):
+        return target
     return separable_pool(xp, x, geo, out_sizes, target, lowest_value(x.dtype), xp.maximum)
 
 
@@ -144,6 +147,9 @@ max_pool_grad = defop("max_pool_grad", num_inputs=(2, 3), pattern=OPAQUE, attrs=
 @max_pool_grad.kernel
 def _(xp, x, g, y=None, *, kernel, stride, pad, ceil_mode, dilation=(1,), out=None):
     geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode, dilation)
+    done = native.pool_grad(xp, x, g, y, geo, out, lowest_value(x.dtype))
+    if done is not None:
+        return done
     if x.ndim == 4 and tiled.tiles(geo, x.shape[2:]) and tuple(geo.kernel) == (2, 2):
         return tiled.max_grad_2x2(xp, x, g, y, out)
     if tiled.tiles(geo, x.shape[2:]):

@@ -16,6 +16,12 @@ from harness import Case, check_case, check_grad, pad_pairs, spatial
 rng = np.random.default_rng(11)
 
 
+@pytest.fixture(autouse=True)
+def numpy_kernels(monkeypatch):
+    """These are the NumPy kernels' tests: the compiled tier (tests/ops/test_pool_native.py) stays off."""
+    monkeypatch.setenv("CGVM_JIT", "0")
+
+
 def r(*shape):
     return rng.standard_normal(shape).astype(np.float32)
 

@@ -12,6 +12,12 @@ from test_pool import ref_out_size
 rng = np.random.default_rng(12)
 
 
+@pytest.fixture(autouse=True)
+def numpy_kernels(monkeypatch):
+    """These are the NumPy kernels' tests: the compiled tier (tests/ops/test_pool_native.py) stays off."""
+    monkeypatch.setenv("CGVM_JIT", "0")
+
+
 def r(*shape):
     return rng.standard_normal(shape).astype(np.float32)
 
