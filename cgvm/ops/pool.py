@@ -117,9 +117,10 @@ def _(xp, x, *, kernel, stride, pad, ceil_mode, dilation=(1,), return_mask, out=
         return best, _flat_mask(xp, index, x.shape[2:], out_sizes, geo)
     out_sizes = geo.out_sizes(x.shape[2:])
     target = xp.empty(x.shape[:2] + out_sizes, dtype=x.dtype) if out is None else out
-    if native.pool_forward(xp, x, geo, target, lowest_value(x.dtype)):
+    lowest = lowest_value(x.dtype)
+    if native.pool_forward(xp, x, geo, target, lowest):
         return target
-    return separable_pool(xp, x, geo, out_sizes, target, lowest_value(x.dtype), xp.maximum)
+    return separable_pool(xp, x, geo, out_sizes, target, lowest, xp.maximum)
 
 
 def _flat_mask(xp: Any, index: Any, in_sizes: Sequence[int], out_sizes: Sequence[int], geo: PoolGeometry) -> Any:

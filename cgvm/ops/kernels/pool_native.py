@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from .native import native
+from .pool_tiled import tiles
 from .pool_windows import PoolGeometry
 
 
@@ -117,9 +118,8 @@ def max_pool_grad_2x2(x, y, g, dx):
                     dx[n, c, h + 1, w + 1] = v * f
 
 
-def _tiles_2x2(geo: PoolGeometry, in_sizes: Any, out_sizes: Any) -> bool:
-    return (tuple(geo.kernel) == (2, 2) and tuple(geo.stride) == (2, 2) and not geo.dilated
-            and not any(b for b, _ in geo.pads) and all(2 * o <= n for o, n in zip(out_sizes, in_sizes)))
+def _tiles_2x2(geo: PoolGeometry, in_sizes: Any) -> bool:
+    return tuple(geo.kernel) == (2, 2) and tiles(geo, in_sizes)
 
 
 def pool_forward(xp: Any, x: Any, geo: PoolGeometry, target: Any, lowest: Any) -> bool:
@@ -127,7 +127,7 @@ def pool_forward(xp: Any, x: Any, geo: PoolGeometry, target: Any, lowest: Any) -
     (cgvm.ops.kernels.native); False: the caller runs the NumPy kernel."""
     if x.ndim != 4:
         return False
-    if _tiles_2x2(geo, x.shape[2:], target.shape[2:]):
+    if _tiles_2x2(geo, x.shape[2:]):
         return max_pool_2x2.run(xp, x, target)
     (kh, kw), (sh, sw), (dh, dw) = geo.kernel, geo.stride, geo.dilation
     (ph, _), (pw, _) = geo.pads
@@ -145,7 +145,7 @@ def pool_grad(xp: Any, x: Any, g: Any, y: Optional[Any], geo: PoolGeometry, out:
         if not pool_forward(xp, x, geo, y, lowest):
             return None
     target = xp.empty(x.shape, dtype=x.dtype) if out is None else out
-    if _tiles_2x2(geo, x.shape[2:], g.shape[2:]):
+    if _tiles_2x2(geo, x.shape[2:]):
         return target if max_pool_grad_2x2.run(xp, x, y, g, target) else None
     (kh, kw), (sh, sw), (dh, dw) = geo.kernel, geo.stride, geo.dilation
     (ph, _), (pw, _) = geo.pads
