@@ -123,8 +123,11 @@ def test_nchw_store_both_ways(monkeypatch, threshold):
     rng = np.random.default_rng(2)
     src = rng.standard_normal((3, 7, 6, 5))
     out = np.empty((5, 3, 5, 4))
-    bl.store_nchw(out, src[:, 1:6, 2:, :])
+    bl.store_nchw(np, out, src[:, 1:6, 2:, :])
     np.testing.assert_array_equal(out, src[:, 1:6, 2:, :].transpose(3, 0, 1, 2))
+    bias = rng.standard_normal(3)
+    bl.store_nchw(np, out, src[:, 1:6, 2:, :], bias)
+    np.testing.assert_array_equal(out, src[:, 1:6, 2:, :].transpose(3, 0, 1, 2) + bias.reshape(1, 3, 1, 1))
     x_shape, w_shape, stride, pad, dilation, groups = CASES[1]
     w = rng.standard_normal(w_shape)
     geo = cv.ConvGeometry(2, stride, pad, dilation, groups)
