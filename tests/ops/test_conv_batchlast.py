@@ -139,3 +139,23 @@ def test_nchw_store_both_ways(monkeypatch, threshold):
         e[flat] = 1.0
         ref = np.sum(_reference(e.reshape(x_shape), w, stride, pad, dilation, groups) * r)
         assert dx.reshape(-1)[flat] == pytest.approx(ref, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("x_shape,w_shape,stride,pad,dilation,groups", CASES)
+def test_compiled_col2im_equals_the_numpy_adds(monkeypatch, dtype, x_shape, w_shape, stride, pad, dilation, groups):
+    """The input gradient's strided adds, compiled (cgvm.ops.kernels.native), add the same terms in the
+    same order as the NumPy loop: the results are equal to the bit."""
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal(w_shape).astype(dtype)
+    geo = cv.ConvGeometry(2, stride, pad, dilation, groups)
+    r = rng.standard_normal(_reference(np.zeros(x_shape), w, stride, pad, dilation, groups).shape).astype(dtype)
+    monkeypatch.setenv("CGVM_JIT", "0")
+    want = bl.backward_input(np, r, w, x_shape[2:], geo, np.empty(x_shape, dtype))
+    monkeypatch.setenv("CGVM_JIT", "1")
+    monkeypatch.setenv("CGVM_JIT_HOT", "0")
+    calls = bl._col2im_rows.calls
+    got = bl.backward_input(np, r, w, x_shape[2:], geo, np.empty(x_shape, dtype))
+    assert bl._col2im_rows.compiled is not None and bl._col2im_rows.calls >= calls
+    np.testing.assert_array_equal(got, want)
