@@ -102,6 +102,19 @@ def test_compiled_and_numpy_kernels_agree_on_nan_and_views(monkeypatch, geometry
     np.testing.assert_allclose(got_dx, want_dx, rtol=1e-6)
 
 
+@pytest.mark.parametrize("geometry", GEOMETRIES[:2])
+def test_an_infinite_gradient_reaches_only_the_maximum(compiled_now, geometry):
+    """As Caffe's scatter to the argmax: every other element gets exactly 0, not 0 * inf = NaN."""
+    kernel, stride, pad, ceil_mode, _ = geometry
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    y = pool(x, **_attrs(geometry))
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    g[0, 1, 1, 1] = np.inf
+    got = pool_grad(x, g, y, **_attrs(geometry))
+    assert not np.isnan(got).any() and np.isinf(got).sum() == 1
+    np.testing.assert_allclose(got, ref_max_pool_grad(x, g, kernel=kernel, stride=stride, pad=pad,
+                                                      ceil_mode=ceil_mode), rtol=1e-6)
+
 def test_a_kernel_compiles_only_once_hot(monkeypatch):
     monkeypatch.delenv("CGVM_JIT", raising=False)
     monkeypatch.setenv("CGVM_JIT_HOT", "2")

@@ -4,8 +4,8 @@ Some kernels are bound by what NumPy pays per strided pass rather than by arithm
 pooling's gradient takes eight elementwise passes over strided window views to route each
 window's gradient to its first maximum, where one compiled loop does it in one
 (cgvm.ops.kernels.pool_native); the batch-last convolution's col2im adds nine strided blocks
-where one loop adds each destination row's terms while it is in cache (conv_batchlast). The NumPy kernels stay the reference and the fallback; the
-compiled form runs only
+where one loop adds each destination row's terms while it is in cache (conv_batchlast). The
+NumPy kernels stay the reference and the fallback; the compiled form runs only
 
 * with numba installed (the ``jit`` extra), CGVM_JIT not off, on the NumPy backend;
 * once hot: a kernel compiles after ``CGVM_JIT_HOT`` calls (the switches and their defaults are
