@@ -151,6 +151,13 @@ def _(xp, x, g, y=None, *, kernel, stride, pad, ceil_mode, dilation=(1,), out=No
     done = native.pool_grad(xp, x, g, y, geo, out, lowest_value(x.dtype))
     if done is not None:
         return done
+    if xp is np and not np.isfinite(g).all():
+        # the kernels below route g by multiplying it with 0/1 masks, and 0 * inf is NaN; as in
+        # Caffe (a scatter to the argmax), every element but the window's maximum gets exactly 0
+        # (checked on the CPU only: on a device the test would wait for the device at every call)
+        _, index, _ = window_argmax(xp, x, geo)
+        zero = xp.zeros((), dtype=g.dtype)
+        return scatter_windows(xp, lambda i: xp.where(index == i, g, zero), g.dtype, x.shape, geo, out)
     if x.ndim == 4 and tiled.tiles(geo, x.shape[2:]) and tuple(geo.kernel) == (2, 2):
         return tiled.max_grad_2x2(xp, x, g, y, out)
     if tiled.tiles(geo, x.shape[2:]):

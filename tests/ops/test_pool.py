@@ -453,3 +453,17 @@ def test_two_by_two_pooling_and_gradient_equal_torch_on_relu_maps(shape):
     np.testing.assert_array_equal(y, ty.detach().numpy())
     np.testing.assert_array_equal(grad(x, strided_g, y), tx.grad.numpy())
     np.testing.assert_array_equal(grad(x, g), tx.grad.numpy())
+
+
+@pytest.mark.parametrize("kernel,stride,pad,ceil", [((2, 2), (2, 2), (0, 0), False), ((3, 3), (2, 2), (1, 1), True),
+                                                    ((2, 3), (1, 2), (1, 0), False)])
+def test_an_infinite_gradient_reaches_only_the_window_maximum(kernel, stride, pad, ceil):
+    """As Caffe's scatter to the argmax: the other elements get exactly 0, not 0 * inf = NaN."""
+    x = r(2, 3, 8, 9)
+    attrs = dict(kernel=kernel, stride=stride, pad=pad, ceil_mode=ceil)
+    y = P.max_pool.bind(np, dict(attrs, return_mask=False))(x)
+    g = r(*y.shape)
+    g[1, 2, 1, 1] = -np.inf
+    got = P.max_pool_grad.bind(np, attrs)(x, g, y)
+    assert not np.isnan(got).any() and np.isinf(got).sum() == 1
+    np.testing.assert_allclose(got, ref_max_pool_grad(x, g, **attrs), rtol=1e-6)
