@@ -60,12 +60,30 @@ def steady_allocator() -> bool:
         return False
 
 
+#: cgvm's warm-up goes on past its first calls until its compiled tiers are hot, or for this long
+WARM_UP_S = 10.0
+
+
+def warm_up(fn: Callable[[], object], calls: int, tiered: bool = False) -> None:
+    """Compile caches, memory plans, BLAS threads: ``calls`` calls; for cgvm (``tiered``) more, until
+    its compiled kernels and loops have compiled (CGVM_JIT_HOT calls, cgvm.ops.kernels.scan_jit) or
+    WARM_UP_S has passed, so that no timed batch holds a compilation, or the NumPy kernels that
+    run before one."""
+    from cgvm.ops.kernels.scan_jit import hot_threshold
+
+    hot = hot_threshold() if tiered else None
+    start = time.perf_counter()
+    for done in range(max(calls, 0 if hot is None else hot + 2)):
+        if done >= calls and time.perf_counter() - start > WARM_UP_S:
+            break
+        fn()
+
+
 def measure(row: Row) -> Row:
     from cgvm.backend.threads import num_threads
 
-    for fn in row.impls.values():  # warm-up: compile caches, memory plans, BLAS threads
-        for _ in range(min(3, row.number)):
-            fn()
+    for name, fn in row.impls.items():
+        warm_up(fn, min(3, row.number), tiered=name == "cgvm")
     settle = SETTLE_S if (num_threads() or 1) > 1 and len(row.impls) > 1 else 0.0
     samples: Dict[str, List[float]] = {k: [] for k in row.impls}
     gc_was = gc.isenabled()
