@@ -118,7 +118,7 @@ def _(xp, x, *, kernel, stride, pad, ceil_mode, dilation=(1,), return_mask, out=
     out_sizes = geo.out_sizes(x.shape[2:])
     target = xp.empty(x.shape[:2] + out_sizes, dtype=x.dtype) if out is None else out
     lowest = lowest_value(x.dtype)
-    if native.pool_forward(xp, x, geo, target, lowest):
+    if native.pool_forward(xp, x, geo, target):
         return target
     return separable_pool(xp, x, geo, out_sizes, target, lowest, xp.maximum)
 
@@ -148,7 +148,7 @@ max_pool_grad = defop("max_pool_grad", num_inputs=(2, 3), pattern=OPAQUE, attrs=
 @max_pool_grad.kernel
 def _(xp, x, g, y=None, *, kernel, stride, pad, ceil_mode, dilation=(1,), out=None):
     geo = PoolGeometry(x.ndim - 2, kernel, stride, pad, ceil_mode, dilation)
-    done = native.pool_grad(xp, x, g, y, geo, out, lowest_value(x.dtype))
+    done = native.pool_grad(xp, x, g, y, geo, out)
     if done is not None:
         return done
     if xp is np and not np.isfinite(g).all():

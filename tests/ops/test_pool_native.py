@@ -115,6 +115,25 @@ def test_an_infinite_gradient_reaches_only_the_maximum(compiled_now, geometry):
     np.testing.assert_allclose(got, ref_max_pool_grad(x, g, kernel=kernel, stride=stride, pad=pad,
                                                       ceil_mode=ceil_mode), rtol=1e-6)
 
+
+@pytest.mark.parametrize("geometry,compiled", [(((3, 3), (2, 2), (1,), False, (1,)), True),
+                                               (((2, 2), (2, 2), (0,), True, (1,)), True),
+                                               (((2, 2), (1, 1), (0,), False, (1,)), False),
+                                               (((3, 3), (3, 3), (0,), True, (1,)), False),
+                                               (((3, 3), (2, 2), (1,), False, (2, 2)), False)])
+def test_only_geometries_measured_faster_go_to_the_general_loop(compiled_now, monkeypatch, geometry, compiled):
+    """GRAD_GEOMETRIES route the gradient to the compiled loop; other windows, and every forward but
+    2x2 tiles, stay with the NumPy kernels, which were faster there."""
+    calls = []
+    monkeypatch.setattr(pool_native.max_pool_grad_2d, "run", lambda xp, *a: calls.append(1) or False)
+    forward = []
+    monkeypatch.setattr(pool_native.max_pool_2x2, "run", lambda xp, *a: forward.append(1) or False)
+    x = rng.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    y = pool(x, **_attrs(geometry))
+    pool_grad(x, rng.standard_normal(y.shape).astype(np.float32), y, **_attrs(geometry))
+    assert bool(calls) == compiled and not forward
+
+
 def test_a_kernel_compiles_only_once_hot(monkeypatch):
     monkeypatch.delenv("CGVM_JIT", raising=False)
     monkeypatch.setenv("CGVM_JIT_HOT", "2")

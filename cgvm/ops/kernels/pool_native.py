@@ -1,8 +1,10 @@
 """Max pooling and its gradient over 2-D NCHW maps as compiled loops (cgvm.ops.kernels.native).
 
-Any window geometry: kernel, stride, begin padding and dilation; a tap outside the image is
-skipped (max pooling ignores padding), and ceil mode's clipped last window is the same clip.
-The output sizes come from the caller (PoolGeometry.out_sizes), so the rules stay in one place.
+2x2 windows tiling the map, forward and gradient; and the gradient of the other window
+geometries where the general loop was measured faster than the NumPy kernels (GRAD_GEOMETRIES:
+kernel, stride, begin padding; a tap outside the image is skipped, as max pooling ignores
+padding, and ceil mode's clipped last window is the same clip). The output sizes come from the
+caller (PoolGeometry.out_sizes), so the rules stay in one place.
 
 Semantics are the NumPy kernels' (cgvm.ops.pool): the maximum propagates NaN as
 ``numpy.maximum`` does; the gradient goes to each window's first element (row-major) equal to the
@@ -15,30 +17,6 @@ from typing import Any, Optional
 from .native import native
 from .pool_tiled import tiles
 from .pool_windows import PoolGeometry
-
-
-@native
-def max_pool_2d(x, y, kh, kw, sh, sw, ph, pw, dh, dw, lowest):
-    n_, c_, h_, w_ = x.shape
-    oh_, ow_ = y.shape[2], y.shape[3]
-    for n in range(n_):
-        for c in range(c_):
-            for i in range(oh_):
-                h0 = i * sh - ph
-                for j in range(ow_):
-                    w0 = j * sw - pw
-                    best = lowest
-                    for a in range(kh):
-                        h = h0 + a * dh
-                        if h < 0 or h >= h_:
-                            continue
-                        for b in range(kw):
-                            w = w0 + b * dw
-                            if w >= 0 and w < w_:
-                                v = x[n, c, h, w]
-                                if v > best or v != v:
-                                    best = v
-                    y[n, c, i, j] = best
 
 
 @native
@@ -124,30 +102,35 @@ def _tiles_2x2(geo: PoolGeometry, in_sizes: Any) -> bool:
     return tuple(geo.kernel) == (2, 2) and tiles(geo, in_sizes)
 
 
-def pool_forward(xp: Any, x: Any, geo: PoolGeometry, target: Any, lowest: Any) -> bool:
+#: (kernel, stride) of undilated windows whose gradient the general compiled loop computes faster
+#: than the NumPy kernels. Measured at one thread (NumPy -> compiled, ms): 2x2/2 in ceil mode
+#: 16 x 64 x 13 x 13 1.36 -> 0.56; 3x3/2 pad 1 (ResNet's stem) 16 x 64 x 112 x 112 65 -> 49; 3x3/1
+#: pad 1 (GoogLeNet) 16 x 192 x 28 x 28 49 -> 26. Slower, so left to NumPy: 3x3/3 in ceil mode
+#: 0.95 -> 1.31, 2x2/1 3.2 -> 6.8. A compiled forward of windows other than 2x2 tiles lost to
+#: NumPy's separable maximum at every shape measured (3x3/2: 10 -> 33 ms), so there is none.
+GRAD_GEOMETRIES = frozenset({((2, 2), (2, 2)), ((3, 3), (2, 2)), ((3, 3), (1, 1))})
+
+
+def pool_forward(xp: Any, x: Any, geo: PoolGeometry, target: Any) -> bool:
     """Window maxima of x (N, C, H, W) into target (N, C, OH, OW) when the compiled kernel may run
-    (cgvm.ops.kernels.native); False: the caller runs the NumPy kernel."""
-    if x.ndim != 4:
-        return False
-    if _tiles_2x2(geo, x.shape[2:]):
-        return max_pool_2x2.run(xp, x, target)
-    (kh, kw), (sh, sw), (dh, dw) = geo.kernel, geo.stride, geo.dilation
-    (ph, _), (pw, _) = geo.pads
-    return max_pool_2d.run(xp, x, target, kh, kw, sh, sw, ph, pw, dh, dw, x.dtype.type(lowest))
+    (cgvm.ops.kernels.native): 2x2 windows tiling x; False: the caller runs the NumPy kernel."""
+    return x.ndim == 4 and _tiles_2x2(geo, x.shape[2:]) and max_pool_2x2.run(xp, x, target)
 
 
-def pool_grad(xp: Any, x: Any, g: Any, y: Optional[Any], geo: PoolGeometry, out: Optional[Any],
-              lowest: Any) -> Optional[Any]:
-    """dx of max pooling (into ``out`` when given) when the compiled kernels may run, else None;
-    ``y`` the window maxima (found here when None)."""
+def pool_grad(xp: Any, x: Any, g: Any, y: Optional[Any], geo: PoolGeometry, out: Optional[Any]) -> Optional[Any]:
+    """dx of max pooling (into ``out`` when given) when a compiled kernel may run and pays, else
+    None; ``y`` the window maxima (found here for 2x2 tiles when None)."""
     if x.ndim != 4 or g.dtype != x.dtype or (out is not None and out.dtype != x.dtype):
+        return None
+    tiled = _tiles_2x2(geo, x.shape[2:])
+    if not tiled and ((tuple(geo.kernel), tuple(geo.stride)) not in GRAD_GEOMETRIES or geo.dilated or y is None):
         return None
     if y is None:
         y = xp.empty(g.shape, dtype=x.dtype)
-        if not pool_forward(xp, x, geo, y, lowest):
+        if not pool_forward(xp, x, geo, y):
             return None
     target = xp.empty(x.shape, dtype=x.dtype) if out is None else out
-    if _tiles_2x2(geo, x.shape[2:]):
+    if tiled:
         return target if max_pool_grad_2x2.run(xp, x, y, g, target) else None
     (kh, kw), (sh, sw), (dh, dw) = geo.kernel, geo.stride, geo.dilation
     (ph, _), (pw, _) = geo.pads
